@@ -1,0 +1,122 @@
+//! The Rust face: `QuotaAlloc`, a `#[global_allocator]` that charges every
+//! allocation against the budget before the backing allocator sees it.
+
+use crate::engine;
+use crate::ledger;
+use std::alloc::{GlobalAlloc, Layout};
+use tikv_jemallocator::Jemalloc;
+
+/// A global allocator that charges every allocation against the process budget.
+///
+/// ```no_run
+/// #[global_allocator]
+/// static GLOBAL: memquota::QuotaAlloc = memquota::QuotaAlloc::new();
+/// ```
+///
+/// Generic over the backing allocator so tests and miri can run it over
+/// [`std::alloc::System`]: `QuotaAlloc::wrap(std::alloc::System)`.
+///
+/// Sizes are taken from the [`Layout`], never looked up: tracked bytes are requested
+/// bytes, not the size class jemalloc rounds them to.
+pub struct QuotaAlloc<A = Jemalloc> {
+    inner: A,
+}
+
+impl QuotaAlloc<Jemalloc> {
+    /// jemalloc underneath.
+    pub const fn new() -> Self {
+        QuotaAlloc { inner: Jemalloc }
+    }
+}
+
+impl Default for QuotaAlloc<Jemalloc> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<A> QuotaAlloc<A> {
+    /// Any allocator underneath.
+    pub const fn wrap(inner: A) -> Self {
+        QuotaAlloc { inner }
+    }
+}
+
+/// Charges `bytes` before memory is taken. False: refused (the report is written).
+#[inline(always)]
+fn charge(bytes: usize) -> bool {
+    // Layout sizes never exceed isize::MAX, so the cast is exact.
+    let bytes = bytes as i64;
+    ledger::try_fast(bytes) || engine::charge_slow(bytes)
+}
+
+/// Credits `bytes` after memory is given back (or was never taken).
+#[inline(always)]
+fn credit(bytes: usize) {
+    let bytes = -(bytes as i64);
+    if !ledger::try_fast(bytes) {
+        engine::charge_slow(bytes);
+    }
+}
+
+// SAFETY: every method forwards to `inner` with the caller's arguments unchanged, so
+// `inner`'s GlobalAlloc guarantees carry over; the accounting around the calls never
+// touches the memory and never unwinds (the slow path catches callback panics).
+unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !charge(layout.size()) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller upholds `alloc`'s contract for `layout`.
+        let p = unsafe { self.inner.alloc(layout) };
+        if p.is_null() {
+            credit(layout.size());
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !charge(layout.size()) {
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the caller upholds `alloc_zeroed`'s contract for `layout`.
+        let p = unsafe { self.inner.alloc_zeroed(layout) };
+        if p.is_null() {
+            credit(layout.size());
+        }
+        p
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
+        unsafe { self.inner.dealloc(ptr, layout) };
+        credit(layout.size());
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old_size = layout.size();
+        if new_size > old_size {
+            let growth = new_size - old_size;
+            if !charge(growth) {
+                return std::ptr::null_mut();
+            }
+            // SAFETY: the caller upholds `realloc`'s contract.
+            let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+            if p.is_null() {
+                credit(growth);
+            }
+            p
+        } else {
+            // SAFETY: the caller upholds `realloc`'s contract.
+            let p = unsafe { self.inner.realloc(ptr, layout, new_size) };
+            if !p.is_null() {
+                credit(old_size - new_size);
+            }
+            p
+        }
+    }
+}

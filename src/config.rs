@@ -1,0 +1,372 @@
+//! Configuration: one [`Config`] with a builder, read from the environment by one
+//! function, with sizes parsed in one place.
+
+use crate::error::{Error, Result};
+use crate::host;
+use std::time::Duration;
+
+/// Environment variables read by [`Config::from_env`], with the forms each accepts.
+pub const ENV_VARS: [(&str, &str); 6] = [
+    (LIMIT_VAR, LIMIT_FORMS),
+    (SOFT_VAR, SOFT_FORMS),
+    (ON_OOM_VAR, ON_OOM_FORMS),
+    (HEAP_VAR, HEAP_FORMS),
+    (WAIT_VAR, DURATION_FORMS),
+    (INTERVAL_VAR, DURATION_FORMS),
+];
+
+const LIMIT_VAR: &str = "MEMQUOTA_LIMIT";
+const LIMIT_FORMS: &str = "a size in bytes (1073741824), with a unit (512k, 512m, 8g, 1t; \
+    binary units, optional b/ib suffix), or a percentage of the machine's limit (75%)";
+const SOFT_VAR: &str = "MEMQUOTA_SOFT_RATIO";
+const SOFT_FORMS: &str = "a number greater than 0 and at most 1 (0.85)";
+const ON_OOM_VAR: &str = "MEMQUOTA_ON_OOM";
+const ON_OOM_FORMS: &str = "null or abort";
+const HEAP_VAR: &str = "MEMQUOTA_HEAP";
+const HEAP_FORMS: &str = "committed or used";
+const WAIT_VAR: &str = "MEMQUOTA_RECLAIM_WAIT";
+const INTERVAL_VAR: &str = "MEMQUOTA_RECLAIM_INTERVAL";
+const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
+
+/// Where the budget's size comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Limit {
+    /// A fixed number of bytes.
+    Bytes(u64),
+    /// A percentage (0 < p <= 100) of the machine's limit: the cgroup memory limit if
+    /// one is set, else physical RAM.
+    Percent(f64),
+}
+
+/// What happens when an allocation is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnOom {
+    /// Return null: `try_reserve` gets `Err`, an infallible allocation reaches
+    /// `handle_alloc_error`. The report is written first.
+    #[default]
+    Null,
+    /// Write the report, then abort the process.
+    Abort,
+}
+
+/// Which heap figure counts against the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum HeapMode {
+    /// Heap memory the runtime has committed (the JVM's `Runtime.totalMemory()`):
+    /// what the operating system sees, and so what a container limit sees.
+    #[default]
+    Committed,
+    /// Heap memory in use by live and not-yet-collected objects: less conservative,
+    /// fewer false refusals right after the heap grew (Gluten #13044).
+    Used,
+}
+
+/// The whole configuration. Start from [`Config::new`] (defaults) or
+/// [`Config::from_env`], adjust with the builder methods, and pass it to
+/// [`init`](crate::init).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    limit: Option<Limit>,
+    soft_ratio: f64,
+    on_oom: OnOom,
+    heap: HeapMode,
+    reclaim_wait: Duration,
+    reclaim_interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::new()
+    }
+}
+
+impl Config {
+    /// Defaults: the machine's limit, soft threshold at 0.85, `null` on OOM, committed
+    /// heap counted, waits for a reclaim in flight bounded at 5 s, at most one reclaim
+    /// per 10 ms.
+    pub const fn new() -> Config {
+        Config {
+            limit: None,
+            soft_ratio: 0.85,
+            on_oom: OnOom::Null,
+            heap: HeapMode::Committed,
+            reclaim_wait: Duration::from_secs(5),
+            reclaim_interval: Duration::from_millis(10),
+        }
+    }
+
+    /// The defaults, overridden by any `MEMQUOTA_*` variable that is set.
+    ///
+    /// # Errors
+    /// [`Error::BadEnv`] naming the variable, its value and the accepted forms.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|var| std::env::var_os(var).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// [`from_env`](Config::from_env) over any lookup function (tests, agent options).
+    ///
+    /// # Errors
+    /// As [`from_env`](Config::from_env).
+    pub fn from_lookup(get: impl Fn(&'static str) -> Option<String>) -> Result<Config> {
+        fn read<T>(
+            get: &impl Fn(&'static str) -> Option<String>,
+            var: &'static str,
+            accepted: &'static str,
+            parse: impl Fn(&str) -> Option<T>,
+        ) -> Result<Option<T>> {
+            match get(var) {
+                None => Ok(None),
+                Some(value) => match parse(value.trim()) {
+                    Some(v) => Ok(Some(v)),
+                    None => Err(Error::BadEnv { var, value, accepted }),
+                },
+            }
+        }
+        let mut c = Config::new();
+        c.limit = read(&get, LIMIT_VAR, LIMIT_FORMS, parse_limit)?;
+        if let Some(r) = read(&get, SOFT_VAR, SOFT_FORMS, parse_ratio)? {
+            c.soft_ratio = r;
+        }
+        if let Some(o) = read(&get, ON_OOM_VAR, ON_OOM_FORMS, |s| match s {
+            "null" => Some(OnOom::Null),
+            "abort" => Some(OnOom::Abort),
+            _ => None,
+        })? {
+            c.on_oom = o;
+        }
+        if let Some(h) = read(&get, HEAP_VAR, HEAP_FORMS, |s| match s {
+            "committed" => Some(HeapMode::Committed),
+            "used" => Some(HeapMode::Used),
+            _ => None,
+        })? {
+            c.heap = h;
+        }
+        if let Some(d) = read(&get, WAIT_VAR, DURATION_FORMS, parse_duration)? {
+            c.reclaim_wait = d;
+        }
+        if let Some(d) = read(&get, INTERVAL_VAR, DURATION_FORMS, parse_duration)? {
+            c.reclaim_interval = d;
+        }
+        Ok(c)
+    }
+
+    /// A fixed limit in bytes.
+    pub fn limit(mut self, bytes: u64) -> Config {
+        self.limit = Some(Limit::Bytes(bytes));
+        self
+    }
+
+    /// A limit as a percentage of the machine's limit (cgroup, else RAM).
+    pub fn limit_percent(mut self, percent: f64) -> Config {
+        self.limit = Some(Limit::Percent(percent));
+        self
+    }
+
+    /// The soft threshold as a fraction of the limit, in (0, 1].
+    pub fn soft_ratio(mut self, ratio: f64) -> Config {
+        self.soft_ratio = ratio;
+        self
+    }
+
+    /// What a refusal does.
+    pub fn on_oom(mut self, policy: OnOom) -> Config {
+        self.on_oom = policy;
+        self
+    }
+
+    /// Which heap figure counts.
+    pub fn heap(mut self, mode: HeapMode) -> Config {
+        self.heap = mode;
+        self
+    }
+
+    /// How long a thread waits for a reclaim that another thread is running.
+    pub fn reclaim_wait(mut self, wait: Duration) -> Config {
+        self.reclaim_wait = wait;
+        self
+    }
+
+    /// The least time between the end of one reclaim and the start of the next.
+    pub fn reclaim_interval(mut self, interval: Duration) -> Config {
+        self.reclaim_interval = interval;
+        self
+    }
+
+    /// The limit as configured (`None`: the machine's limit).
+    pub fn limit_setting(&self) -> Option<Limit> {
+        self.limit
+    }
+
+    /// The soft ratio.
+    pub fn soft_ratio_setting(&self) -> f64 {
+        self.soft_ratio
+    }
+
+    /// The OOM policy.
+    pub fn on_oom_setting(&self) -> OnOom {
+        self.on_oom
+    }
+
+    /// The heap figure that counts.
+    pub fn heap_setting(&self) -> HeapMode {
+        self.heap
+    }
+
+    /// The bounded wait for a reclaim in flight.
+    pub fn reclaim_wait_setting(&self) -> Duration {
+        self.reclaim_wait
+    }
+
+    /// The least time between reclaims.
+    pub fn reclaim_interval_setting(&self) -> Duration {
+        self.reclaim_interval
+    }
+
+    /// Checks ranges and resolves the limit to bytes.
+    ///
+    /// # Errors
+    /// [`Error::BadConfig`] for a zero limit, a percentage outside (0, 100], or a soft
+    /// ratio outside (0, 1].
+    pub fn resolve_limit(&self) -> Result<u64> {
+        if !(self.soft_ratio > 0.0 && self.soft_ratio <= 1.0) {
+            return Err(Error::BadConfig {
+                setting: "soft_ratio",
+                reason: format!("{} is not in (0, 1]", self.soft_ratio),
+            });
+        }
+        match self.limit {
+            None => Ok(host::memory_limit()),
+            Some(Limit::Bytes(0)) => {
+                Err(Error::BadConfig { setting: "limit", reason: "0 bytes leaves no room at all".into() })
+            }
+            Some(Limit::Bytes(b)) => Ok(b),
+            Some(Limit::Percent(p)) if p > 0.0 && p <= 100.0 => {
+                Ok(((host::memory_limit() as f64) * p / 100.0) as u64)
+            }
+            Some(Limit::Percent(p)) => {
+                Err(Error::BadConfig { setting: "limit", reason: format!("{p}% is not in (0, 100]") })
+            }
+        }
+    }
+}
+
+/// Parses `1073741824`, `512k`, `512m`, `8g`, `1t` (binary units, case-insensitive,
+/// optional `b`/`ib`), or `75%`. Zero and overflow are rejected.
+pub fn parse_limit(s: &str) -> Option<Limit> {
+    if let Some(p) = s.strip_suffix('%') {
+        let p: f64 = p.trim().parse().ok()?;
+        return (p > 0.0 && p <= 100.0).then_some(Limit::Percent(p));
+    }
+    parse_size(s).filter(|&b| b > 0).map(Limit::Bytes)
+}
+
+/// Parses a byte size: digits, then an optional binary unit.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim().to_ascii_lowercase();
+    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(digits_end);
+    let num: u64 = num.parse().ok()?;
+    let unit = unit.trim();
+    let unit = unit.strip_suffix("ib").or_else(|| unit.strip_suffix('b')).unwrap_or(unit);
+    let shift = match unit {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        _ => return None,
+    };
+    num.checked_mul(1u64 << shift)
+}
+
+fn parse_ratio(s: &str) -> Option<f64> {
+    let r: f64 = s.parse().ok()?;
+    (r > 0.0 && r <= 1.0).then_some(r)
+}
+
+fn parse_duration(s: &str) -> Option<Duration> {
+    let (num, scale_ms) = match s.strip_suffix("ms") {
+        Some(n) => (n, 1),
+        None => match s.strip_suffix('s') {
+            Some(n) => (n, 1000),
+            None => (s, 1),
+        },
+    };
+    let n: u64 = num.trim().parse().ok()?;
+    Some(Duration::from_millis(n.checked_mul(scale_ms)?))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&'static str) -> Option<String> {
+        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("1073741824"), Some(1 << 30));
+        assert_eq!(parse_size("512m"), Some(512 << 20));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("8G"), Some(8 << 30));
+        assert_eq!(parse_size("8gb"), Some(8 << 30));
+        assert_eq!(parse_size("1t"), Some(1 << 40));
+        assert_eq!(parse_size("4 k"), Some(4096));
+        for bad in ["", "m", "1.5g", "-1", "12q", "99999999999999999999", "16777216t"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        assert_eq!(parse_limit("75%"), Some(Limit::Percent(75.0)));
+        assert_eq!(parse_limit("0"), None);
+        assert_eq!(parse_limit("0%"), None);
+        assert_eq!(parse_limit("101%"), None);
+    }
+
+    #[test]
+    fn env_overrides_defaults() {
+        let c = Config::from_lookup(env(&[
+            ("MEMQUOTA_LIMIT", "512m"),
+            ("MEMQUOTA_SOFT_RATIO", "0.5"),
+            ("MEMQUOTA_ON_OOM", "abort"),
+            ("MEMQUOTA_HEAP", "used"),
+            ("MEMQUOTA_RECLAIM_WAIT", "250ms"),
+            ("MEMQUOTA_RECLAIM_INTERVAL", "2s"),
+        ]))
+        .unwrap();
+        assert_eq!(c.limit_setting(), Some(Limit::Bytes(512 << 20)));
+        assert_eq!(c.soft_ratio_setting(), 0.5);
+        assert_eq!(c.on_oom_setting(), OnOom::Abort);
+        assert_eq!(c.heap_setting(), HeapMode::Used);
+        assert_eq!(c.reclaim_wait_setting(), Duration::from_millis(250));
+        assert_eq!(c.reclaim_interval_setting(), Duration::from_secs(2));
+        assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::new());
+    }
+
+    #[test]
+    fn bad_env_names_variable_value_and_forms() {
+        for (var, value) in [
+            ("MEMQUOTA_LIMIT", "lots"),
+            ("MEMQUOTA_SOFT_RATIO", "1.5"),
+            ("MEMQUOTA_ON_OOM", "panic"),
+            ("MEMQUOTA_HEAP", "max"),
+            ("MEMQUOTA_RECLAIM_WAIT", "soon"),
+        ] {
+            let lookup = move |k: &'static str| (k == var).then(|| value.to_string());
+            let err = Config::from_lookup(lookup).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains(var) && text.contains(value), "{text}");
+            let Error::BadEnv { accepted, .. } = err else { panic!("{err:?}") };
+            assert!(text.contains(accepted), "{text}");
+        }
+    }
+
+    #[test]
+    fn resolve_checks_ranges() {
+        assert_eq!(Config::new().limit(1 << 30).resolve_limit(), Ok(1 << 30));
+        assert!(Config::new().limit(0).resolve_limit().is_err());
+        assert!(Config::new().soft_ratio(0.0).resolve_limit().is_err());
+        assert!(Config::new().limit_percent(150.0).resolve_limit().is_err());
+        let half = Config::new().limit_percent(50.0).resolve_limit().unwrap();
+        assert_eq!(half, host::memory_limit() / 2);
+    }
+}

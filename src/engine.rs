@@ -1,0 +1,302 @@
+//! The policy engine: the slow path every face shares. It settles the thread's
+//! delta, admits a request against the quota, runs or awaits a reclaim, and refuses
+//! with a report. Also the process-wide settings and the public control functions.
+
+use crate::config::{Config, HeapMode, OnOom};
+use crate::error::Result;
+use crate::gc::{Coordinator, Run, SyncOutcome, Throttle, Timing};
+use crate::heap_probe;
+use crate::ledger::{self, ACCOUNT};
+use crate::quota::{Pressure, Quota};
+use crate::report::{self, Refusal};
+use crate::stats::{JemallocStats, Stats};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
+use std::time::Duration;
+
+/// A reclaim callback: asked to free about `need` bytes.
+pub type ReclaimFn = dyn Fn(usize) + Send + Sync;
+
+/// Sync reclaims one request may go through before it is refused.
+const MAX_SYNC_ROUNDS: u32 = 2;
+
+const UNCONFIGURED: u8 = 0;
+const CONFIGURING: u8 = 1;
+const READY: u8 = 2;
+
+/// The settings the slow path reads. Written by `init`, read with relaxed loads: a
+/// thread that sees a mix of old and new values for one request decides on a
+/// consistent-enough quota, and the next request sees the new one.
+struct Settings {
+    state: AtomicU8,
+    limit: AtomicI64,
+    soft: AtomicI64,
+    heap_used: AtomicBool,
+    abort: AtomicBool,
+    wait_ms: AtomicU64,
+    interval_ms: AtomicU64,
+}
+
+static SETTINGS: Settings = Settings {
+    state: AtomicU8::new(UNCONFIGURED),
+    limit: AtomicI64::new(i64::MAX),
+    soft: AtomicI64::new(i64::MAX),
+    heap_used: AtomicBool::new(false),
+    abort: AtomicBool::new(false),
+    wait_ms: AtomicU64::new(5000),
+    interval_ms: AtomicU64::new(10),
+};
+
+static COORDINATOR: Coordinator = Coordinator::new();
+static OOMS: AtomicU64 = AtomicU64::new(0);
+/// A leaked `Box<Box<ReclaimFn>>`, never freed: another thread may be running the
+/// previous callback when a new one is installed.
+static RECLAIM: AtomicPtr<Box<ReclaimFn>> = AtomicPtr::new(std::ptr::null_mut());
+static WORKER_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Configures the budget, overriding what was read from `MEMQUOTA_*` on first use.
+/// May be called again to change it.
+///
+/// # Errors
+/// [`Error::BadConfig`](crate::Error::BadConfig) for out-of-range values; nothing is
+/// changed then.
+pub fn init(config: Config) -> Result<()> {
+    let limit = config.resolve_limit()?;
+    // An allocation on another thread may be reading the environment right now;
+    // let it finish so it cannot overwrite this configuration afterwards.
+    while SETTINGS
+        .state
+        .compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed)
+        .is_err_and(|s| s == CONFIGURING)
+    {
+        std::thread::yield_now();
+    }
+    apply(&config, limit);
+    SETTINGS.state.store(READY, Release);
+    Ok(())
+}
+
+/// Changes only the limit, keeping the soft ratio as a fraction of it.
+pub fn set_limit(bytes: u64) {
+    ensure_configured();
+    let old = quota();
+    let ratio = if old.limit == i64::MAX { 0.85 } else { old.soft as f64 / old.limit as f64 };
+    let q = Quota::new(bytes, ratio);
+    store_quota(q);
+}
+
+fn apply(config: &Config, limit: u64) {
+    store_quota(Quota::new(limit, config.soft_ratio_setting()));
+    SETTINGS.heap_used.store(config.heap_setting() == HeapMode::Used, Relaxed);
+    SETTINGS.abort.store(config.on_oom_setting() == OnOom::Abort, Relaxed);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    SETTINGS.wait_ms.store(ms(config.reclaim_wait_setting()), Relaxed);
+    SETTINGS.interval_ms.store(ms(config.reclaim_interval_setting()), Relaxed);
+}
+
+fn store_quota(q: Quota) {
+    SETTINGS.limit.store(q.limit, Relaxed);
+    SETTINGS.soft.store(q.soft, Relaxed);
+    ledger::set_threshold(ledger::threshold_for(q.limit as u64));
+}
+
+fn quota() -> Quota {
+    Quota { limit: SETTINGS.limit.load(Relaxed), soft: SETTINGS.soft.load(Relaxed) }
+}
+
+fn timing() -> Timing {
+    Timing {
+        wait: Duration::from_millis(SETTINGS.wait_ms.load(Relaxed)),
+        min_interval: Duration::from_millis(SETTINGS.interval_ms.load(Relaxed)),
+    }
+}
+
+fn heap_mode() -> HeapMode {
+    if SETTINGS.heap_used.load(Relaxed) {
+        HeapMode::Used
+    } else {
+        HeapMode::Committed
+    }
+}
+
+/// Reads `MEMQUOTA_*` the first time any slow path runs, as jemalloc reads
+/// `MALLOC_CONF`. A bad value must never leave the process silently unlimited: it
+/// prints the error and exits with status 2.
+#[inline]
+fn ensure_configured() {
+    if SETTINGS.state.load(Acquire) != READY {
+        configure_from_env();
+    }
+}
+
+#[cold]
+fn configure_from_env() {
+    if SETTINGS.state.compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed).is_err() {
+        return; // configured, or being configured by another thread: unlimited till then
+    }
+    match Config::from_env().and_then(|c| c.resolve_limit().map(|limit| (c, limit))) {
+        Ok((config, limit)) => apply(&config, limit),
+        Err(e) => {
+            report::write_stderr(&format!("{e}\n"));
+            std::process::exit(2);
+        }
+    }
+    SETTINGS.state.store(READY, Release);
+}
+
+/// Registers the reclaim ("GC") callback, replacing any earlier one. It is called
+/// with the number of bytes wanted, on the thread that needs them (synchronous
+/// reclaim) or on the `memquota-reclaim` thread (background reclaim), never twice at
+/// once. It may allocate: that is charged and never triggers another reclaim. A
+/// panic in it is caught and counted. What it freed is measured, not trusted.
+pub fn on_reclaim<F: Fn(usize) + Send + Sync + 'static>(callback: F) {
+    let boxed: Box<Box<ReclaimFn>> = Box::new(Box::new(callback));
+    RECLAIM.store(Box::into_raw(boxed), Release);
+}
+
+fn reclaimer() -> Option<&'static ReclaimFn> {
+    let p = RECLAIM.load(Acquire);
+    // SAFETY: RECLAIM holds null or a pointer from `Box::into_raw` that is never freed.
+    unsafe { p.as_ref() }.map(|b| &**b)
+}
+
+/// The slow path of a charge of `bytes` (either sign). Returns whether the caller may
+/// go ahead; only positive charges can be refused.
+#[cold]
+#[inline(never)]
+pub(crate) fn charge_slow(bytes: i64) -> bool {
+    let Some(_busy) = ledger::enter() else {
+        ledger::charge_nested(bytes);
+        return true;
+    };
+    ensure_configured();
+    ACCOUNT.add(ledger::settle());
+    if bytes <= 0 {
+        ACCOUNT.add(bytes);
+        return true;
+    }
+    admit(bytes)
+}
+
+fn admit(bytes: i64) -> bool {
+    let quota = quota();
+    let mode = heap_mode();
+    let mut throttle = None;
+    let mut round = 0;
+    loop {
+        let heap = heap_probe::read().counted(mode);
+        let native = match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
+            Ok(native) => {
+                if quota.pressure(native, heap) == Pressure::Soft {
+                    request_background(Quota::excess(native, heap, quota.soft));
+                }
+                return true;
+            }
+            Err(native) => native,
+        };
+        if round == MAX_SYNC_ROUNDS || reclaimer().is_none() {
+            break;
+        }
+        round += 1;
+        let need = Quota::excess(native.saturating_add(bytes), heap, quota.limit);
+        match COORDINATOR.reclaim_sync(need, timing(), run_reclaim) {
+            SyncOutcome::Ran(_) | SyncOutcome::Waited => continue,
+            SyncOutcome::TimedOut => break,
+            SyncOutcome::Throttled(why) => {
+                throttle = Some(why);
+                break;
+            }
+        }
+    }
+    refuse(bytes, throttle)
+}
+
+fn refuse(bytes: i64, throttle: Option<Throttle>) -> bool {
+    OOMS.fetch_add(1, Relaxed);
+    let policy = if SETTINGS.abort.load(Relaxed) { OnOom::Abort } else { OnOom::Null };
+    report::emit(&Refusal {
+        requested: bytes as u64,
+        stats: stats(),
+        history: COORDINATOR.history(),
+        throttle: throttle.or_else(|| COORDINATOR.throttled(timing())),
+        has_reclaimer: reclaimer().is_some(),
+        policy,
+    });
+    if policy == OnOom::Abort {
+        std::process::abort();
+    }
+    false
+}
+
+/// Native plus counted heap bytes, with this thread's delta flushed first.
+fn used_now() -> i64 {
+    let native = ACCOUNT.add(ledger::settle());
+    native.saturating_add(heap_probe::read().counted(heap_mode()))
+}
+
+/// Runs the callback on this thread, with the busy mark held by the caller, and
+/// measures what it freed.
+fn run_reclaim(need: u64) -> Run {
+    let Some(callback) = reclaimer() else {
+        return Run { freed: 0, panicked: false };
+    };
+    let before = used_now();
+    let need = usize::try_from(need).unwrap_or(usize::MAX);
+    let panicked = catch_unwind(AssertUnwindSafe(|| callback(need))).is_err();
+    let after = used_now();
+    Run { freed: u64::try_from(before.saturating_sub(after)).unwrap_or(0), panicked }
+}
+
+fn request_background(need: u64) {
+    if reclaimer().is_none() || !COORDINATOR.request_background(need, timing()) {
+        return;
+    }
+    if !WORKER_STARTED.swap(true, AcqRel) {
+        let spawned = std::thread::Builder::new()
+            .name("memquota-reclaim".into())
+            .spawn(|| {
+                // This thread exists to reclaim: its own allocations are charged but
+                // never wait for a reclaim.
+                let _busy = ledger::enter();
+                loop {
+                    COORDINATOR.serve_background(run_reclaim);
+                }
+            });
+        if spawned.is_err() {
+            WORKER_STARTED.store(false, Release);
+        }
+    }
+}
+
+/// A snapshot of the budget. Never allocates (unless a heap probe function does), and
+/// takes no lock that the allocation path holds; it advances jemalloc's statistics
+/// epoch, which is too heavy for a hot loop.
+pub fn stats() -> Stats {
+    let quota = quota();
+    let mode = heap_mode();
+    let heap = heap_probe::read();
+    let native = ACCOUNT.native();
+    let counts = &COORDINATOR.counts;
+    let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
+    let limit = if quota.limit == i64::MAX { u64::MAX } else { unsigned(quota.limit) };
+    let soft_limit = if quota.soft == i64::MAX { u64::MAX } else { unsigned(quota.soft) };
+    Stats {
+        limit,
+        soft_limit,
+        native: unsigned(native),
+        native_peak: unsigned(ACCOUNT.peak()),
+        heap,
+        heap_mode: mode,
+        headroom: quota.headroom(native, heap.counted(mode)),
+        reclaims_sync: counts.sync.load(Relaxed),
+        reclaims_background: counts.background.load(Relaxed),
+        reclaim_panics: counts.panics.load(Relaxed),
+        reclaims_throttled: counts.throttled.load(Relaxed),
+        reclaimed_bytes: counts.freed.load(Relaxed),
+        ooms: OOMS.load(Relaxed),
+        error_bound: ledger::error_bound(),
+        threads: ledger::live_threads(),
+        threshold: ledger::threshold(),
+        jemalloc: JemallocStats::read(),
+    }
+}

@@ -1,0 +1,92 @@
+//! The heap probe: where the outside part of the budget (a JVM heap, or any other
+//! figure) comes from. None, a value pushed from outside, or a user function.
+
+use crate::config::HeapMode;
+use std::sync::atomic::{
+    AtomicPtr, AtomicU64, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+/// Heap bytes as a runtime reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeapBytes {
+    /// Committed by the runtime (the JVM's `Runtime.totalMemory()`).
+    pub committed: u64,
+    /// In use (`totalMemory() - freeMemory()`).
+    pub used: u64,
+}
+
+impl HeapBytes {
+    /// The figure the budget counts under `mode`, as a signed byte count.
+    pub(crate) fn counted(self, mode: HeapMode) -> i64 {
+        let v = match mode {
+            HeapMode::Committed => self.committed,
+            HeapMode::Used => self.used,
+        };
+        i64::try_from(v).unwrap_or(i64::MAX)
+    }
+}
+
+/// A function that reports the heap. Called from the allocator's slow path (at most
+/// once per flush and per refused request) and by [`stats`](crate::stats): it must be
+/// cheap, must not block on other threads' allocations, and should not allocate.
+pub type ProbeFn = dyn Fn() -> HeapBytes + Send + Sync;
+
+/// Where heap figures come from.
+pub enum HeapProbe {
+    /// No heap: the budget is native memory alone.
+    None,
+    /// The last values given to [`set_heap_bytes`].
+    Pushed,
+    /// A function called whenever a figure is needed.
+    Function(Box<ProbeFn>),
+}
+
+const NONE: u8 = 0;
+const PUSHED: u8 = 1;
+const FUNCTION: u8 = 2;
+
+static MODE: AtomicU8 = AtomicU8::new(NONE);
+static COMMITTED: AtomicU64 = AtomicU64::new(0);
+static USED: AtomicU64 = AtomicU64::new(0);
+/// A leaked `Box<Box<ProbeFn>>`: a reader on another thread may still be calling the
+/// old function when a new one is installed, so functions are never freed.
+static FUNC: AtomicPtr<Box<ProbeFn>> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Chooses where heap figures come from.
+pub fn heap_probe(probe: HeapProbe) {
+    match probe {
+        HeapProbe::None => MODE.store(NONE, Relaxed),
+        HeapProbe::Pushed => MODE.store(PUSHED, Relaxed),
+        HeapProbe::Function(f) => {
+            FUNC.store(Box::into_raw(Box::new(f)), Release);
+            MODE.store(FUNCTION, Relaxed);
+        }
+    }
+}
+
+/// Pushes heap figures (from a JVM after each GC, for instance). Switches the probe
+/// from [`HeapProbe::None`] to [`HeapProbe::Pushed`]; an installed function wins over
+/// pushed values.
+pub fn set_heap_bytes(heap: HeapBytes) {
+    COMMITTED.store(heap.committed, Relaxed);
+    USED.store(heap.used, Relaxed);
+    let _ = MODE.compare_exchange(NONE, PUSHED, Relaxed, Relaxed);
+}
+
+/// The heap figures now.
+pub(crate) fn read() -> HeapBytes {
+    match MODE.load(Relaxed) {
+        PUSHED => HeapBytes { committed: COMMITTED.load(Relaxed), used: USED.load(Relaxed) },
+        FUNCTION => {
+            let f = FUNC.load(Acquire);
+            // SAFETY: FUNC only ever holds null or a pointer from `Box::into_raw` that is
+            // never freed (see FUNC), and MODE is set to FUNCTION after the store.
+            match unsafe { f.as_ref() } {
+                Some(f) => f(),
+                None => HeapBytes::default(),
+            }
+        }
+        _ => HeapBytes::default(),
+    }
+}

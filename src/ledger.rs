@@ -1,0 +1,183 @@
+//! The ledger: counting only. Each thread keeps a signed delta of the bytes it
+//! allocated minus the bytes it freed; the delta is flushed to the process
+//! [`Account`] when its magnitude would reach the thread's slack, at thread exit, and
+//! on [`flush`]. No lock, no allocation, no syscall and no shared write on the fast
+//! path: one thread-local read-modify-write and a compare.
+//!
+//! Error bound: after every operation `|delta| < slack`, so the process total differs
+//! from the true sum of live allocation sizes by less than the sum of the live
+//! threads' slacks, [`error_bound`], itself at most `live_threads() * threshold`.
+//! A thread picks up a new threshold at its next flush. The threshold is
+//! `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser than ClickHouse's
+//! `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a 256th of its limit.
+//!
+//! Scopes (task memory managers) plug in here: a per-thread "current scope" slot
+//! beside `delta`, flushed with it when the thread changes scope, keeps the fast
+//! path exactly as it is.
+
+use crate::account::Account;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+/// The smallest per-thread threshold.
+pub const MIN_THRESHOLD: u64 = 4 << 10;
+/// The largest per-thread threshold.
+pub const MAX_THRESHOLD: u64 = 1 << 20;
+
+/// The process's tracked native bytes.
+pub(crate) static ACCOUNT: Account = Account::new();
+/// Threads whose delta may be non-zero: registered and not yet exited.
+static LIVE_THREADS: AtomicI64 = AtomicI64::new(0);
+/// The threshold handed to a thread at its next flush.
+static THRESHOLD: AtomicU64 = AtomicU64::new(MIN_THRESHOLD);
+/// The sum of the live threads' slacks: the bound on the unflushed error.
+static SLACK_SUM: AtomicU64 = AtomicU64::new(0);
+
+/// The threshold for a limit of `limit` bytes.
+pub fn threshold_for(limit: u64) -> u64 {
+    (limit / 4096).clamp(MIN_THRESHOLD, MAX_THRESHOLD)
+}
+
+/// Publishes the threshold threads pick up at their next flush.
+pub(crate) fn set_threshold(t: u64) {
+    THRESHOLD.store(t, Relaxed);
+}
+
+pub(crate) fn threshold() -> u64 {
+    THRESHOLD.load(Relaxed)
+}
+
+pub(crate) fn live_threads() -> u64 {
+    u64::try_from(LIVE_THREADS.load(Relaxed)).unwrap_or(0)
+}
+
+/// The current bound on `|tracked - true live bytes|`.
+pub(crate) fn error_bound() -> u64 {
+    SLACK_SUM.load(Relaxed)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Has not reached the slow path yet: slack 0, so its first operation does.
+    Fresh,
+    /// Registered: its delta is flushed at exit.
+    Live,
+    /// Its exit flush ran: slack 0, so every later operation (another TLS destructor
+    /// freeing memory) goes straight to the account.
+    Exited,
+}
+
+struct Local {
+    delta: Cell<i64>,
+    slack: Cell<u64>,
+    phase: Cell<Phase>,
+    /// Set while this thread runs memquota's own slow path (policy, reclaim callback,
+    /// report): allocations made there are charged but never policed.
+    busy: Cell<bool>,
+}
+
+thread_local! {
+    // `const` and without `Drop`: no lazy initialisation and no destructor
+    // registration on the fast path (rust-lang/rust #116390).
+    static LOCAL: Local = const {
+        Local { delta: Cell::new(0), slack: Cell::new(0), phase: Cell::new(Phase::Fresh), busy: Cell::new(false) }
+    };
+    // Touched once per thread, from the slow path, to flush at thread exit.
+    static EXIT_FLUSH: ExitFlush = const { ExitFlush };
+}
+
+struct ExitFlush;
+
+impl Drop for ExitFlush {
+    fn drop(&mut self) {
+        let _ = LOCAL.try_with(|l| {
+            l.phase.set(Phase::Exited);
+            set_slack(l, 0);
+            ACCOUNT.add(l.delta.replace(0));
+            LIVE_THREADS.fetch_sub(1, Relaxed);
+        });
+    }
+}
+
+/// Records `bytes` (either sign) in this thread's delta if that keeps
+/// `|delta| < slack`. Returns false when the caller must take the slow path; nothing
+/// was recorded then.
+#[inline(always)]
+pub(crate) fn try_fast(bytes: i64) -> bool {
+    LOCAL
+        .try_with(|l| {
+            // Wrapping: a huge `bytes` wraps to a huge magnitude and so goes slow.
+            let d = l.delta.get().wrapping_add(bytes);
+            let fits = d.unsigned_abs() < l.slack.get();
+            if fits {
+                l.delta.set(d);
+            }
+            fits
+        })
+        .unwrap_or(false)
+}
+
+/// Marks this thread busy in memquota's slow path for the guard's lifetime.
+/// `None` if it already is: the caller is nested inside our own slow path.
+pub(crate) fn enter() -> Option<Busy> {
+    LOCAL.try_with(|l| (!l.busy.replace(true)).then_some(Busy)).ok().flatten()
+}
+
+/// RAII for [`enter`]: clears the busy mark on drop, also on unwind.
+pub(crate) struct Busy;
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let _ = LOCAL.try_with(|l| l.busy.set(false));
+    }
+}
+
+/// Takes this thread's delta, registering the thread (for the exit flush) on its
+/// first visit and refreshing its slack. The caller adds the result to the account.
+pub(crate) fn settle() -> i64 {
+    LOCAL
+        .try_with(|l| {
+            if l.phase.get() == Phase::Fresh {
+                l.phase.set(Phase::Live);
+                LIVE_THREADS.fetch_add(1, Relaxed);
+                set_slack(l, threshold());
+                // Registering the destructor may allocate: with the slack now set,
+                // those allocations land in `delta` and are taken just below.
+                if EXIT_FLUSH.try_with(|_| ()).is_err() {
+                    l.phase.set(Phase::Exited);
+                    LIVE_THREADS.fetch_sub(1, Relaxed);
+                }
+            }
+            let slack = if l.phase.get() == Phase::Live { threshold() } else { 0 };
+            set_slack(l, slack);
+            l.delta.replace(0)
+        })
+        .unwrap_or(0)
+}
+
+/// Changes a thread's slack, keeping [`SLACK_SUM`] exact. Only the owning thread
+/// calls this, so the per-thread old value is read and written without a race.
+fn set_slack(l: &Local, slack: u64) {
+    let old = l.slack.replace(slack);
+    if slack > old {
+        SLACK_SUM.fetch_add(slack - old, Relaxed);
+    } else if old > slack {
+        SLACK_SUM.fetch_sub(old - slack, Relaxed);
+    }
+}
+
+/// Charges `bytes` from inside our own slow path: straight to the account, no policy.
+pub(crate) fn charge_nested(bytes: i64) {
+    let pending = LOCAL.try_with(|l| l.delta.replace(0)).unwrap_or(0);
+    ACCOUNT.add(pending.wrapping_add(bytes));
+}
+
+/// Flushes this thread's delta to the process account now.
+pub fn flush() {
+    ACCOUNT.add(settle());
+}
+
+/// This thread's unflushed delta in bytes (what [`flush`] would move).
+pub fn thread_pending() -> i64 {
+    LOCAL.try_with(|l| l.delta.get()).unwrap_or(0)
+}

@@ -1,0 +1,51 @@
+#![doc = include_str!("../README.md")]
+//!
+//! # Feature flags
+//!
+//! * `disable_initial_exec_tls`: build jemalloc with global-dynamic TLS. Needed by
+//!   any artifact that is `dlopen`ed (a JNI library loaded by `System.loadLibrary`, a
+//!   Python extension), which otherwise fails to load with "cannot allocate memory
+//!   in static TLS block". Leave it off for executables and for the `LD_PRELOAD`
+//!   library.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+mod account;
+mod config;
+mod error;
+mod gc;
+mod host;
+mod quota;
+mod sync;
+
+#[cfg(not(loom))]
+mod alloc;
+#[cfg(not(loom))]
+mod engine;
+#[cfg(not(loom))]
+mod heap_probe;
+#[cfg(not(loom))]
+mod ledger;
+#[cfg(not(loom))]
+mod report;
+#[cfg(not(loom))]
+mod stats;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
+
+pub use config::{parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS};
+pub use error::{Error, Result};
+pub use gc::{ReclaimKind, ReclaimRecord, Throttle};
+pub use host::{cgroup_limit, memory_limit, physical_ram};
+pub use tikv_jemallocator::Jemalloc;
+
+#[cfg(not(loom))]
+pub use {
+    alloc::QuotaAlloc,
+    engine::{init, on_reclaim, set_limit, stats, ReclaimFn},
+    heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},
+    ledger::{flush, thread_pending, threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},
+    report::{last_report, set_report_hook, write_stderr, ReportHook, REPORT_CAPACITY},
+    stats::{JemallocStats, Stats},
+};

@@ -1,0 +1,79 @@
+//! A snapshot of the budget that never allocates.
+
+use crate::config::HeapMode;
+use crate::heap_probe::HeapBytes;
+
+/// jemalloc's own view, refreshed (the heavy `epoch` advance) by [`stats`](crate::stats)
+/// and the OOM report only, never on the allocation path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JemallocStats {
+    /// Bytes in live allocations (`stats.allocated`).
+    pub allocated: u64,
+    /// Bytes in active pages (`stats.active`).
+    pub active: u64,
+    /// Bytes in physically resident pages (`stats.resident`).
+    pub resident: u64,
+    /// Bytes retained as virtual memory, not returned to the OS (`stats.retained`).
+    pub retained: u64,
+    /// Bytes in active extents mapped by the allocator (`stats.mapped`).
+    pub mapped: u64,
+}
+
+impl JemallocStats {
+    /// Reads jemalloc's statistics after advancing its epoch. Zeros if jemalloc's
+    /// statistics are unavailable.
+    pub fn read() -> JemallocStats {
+        use tikv_jemalloc_ctl::{epoch, stats};
+        if epoch::advance().is_err() {
+            return JemallocStats::default();
+        }
+        let get = |r: tikv_jemalloc_ctl::Result<usize>| r.map_or(0, |v| v as u64);
+        JemallocStats {
+            allocated: get(stats::allocated::read()),
+            active: get(stats::active::read()),
+            resident: get(stats::resident::read()),
+            retained: get(stats::retained::read()),
+            mapped: get(stats::mapped::read()),
+        }
+    }
+}
+
+/// The state of the budget at one moment. Plain data: `Copy`, no heap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// The hard limit in bytes (`u64::MAX` before configuration).
+    pub limit: u64,
+    /// The soft threshold in bytes.
+    pub soft_limit: u64,
+    /// Native bytes tracked (flushed deltas; see `error_bound`).
+    pub native: u64,
+    /// The highest native total ever granted.
+    pub native_peak: u64,
+    /// Heap figures from the probe.
+    pub heap: HeapBytes,
+    /// Which heap figure counts against the limit.
+    pub heap_mode: HeapMode,
+    /// `limit - (native + counted heap)`, 0 when over.
+    pub headroom: u64,
+    /// Reclaims run synchronously by an allocation over the limit.
+    pub reclaims_sync: u64,
+    /// Reclaims run in the background past the soft threshold.
+    pub reclaims_background: u64,
+    /// Reclaim callbacks that panicked (caught).
+    pub reclaim_panics: u64,
+    /// Reclaim requests turned away by the rate limit or the futility suspension.
+    pub reclaims_throttled: u64,
+    /// Bytes the reclaims were measured to free, in total.
+    pub reclaimed_bytes: u64,
+    /// Allocations refused.
+    pub ooms: u64,
+    /// The current bound on `|native - true live bytes|`: live threads times the
+    /// largest per-thread threshold.
+    pub error_bound: u64,
+    /// Threads whose delta may be unflushed.
+    pub threads: u64,
+    /// The per-thread flush threshold in bytes.
+    pub threshold: u64,
+    /// jemalloc's own statistics.
+    pub jemalloc: JemallocStats,
+}
