@@ -35,7 +35,7 @@ impl Account {
         }
         let now = self.native.fetch_add(bytes, Relaxed).wrapping_add(bytes);
         if bytes > 0 {
-            self.peak.fetch_max(now, Relaxed);
+            self.raise_peak(now);
         }
         now
     }
@@ -54,11 +54,18 @@ impl Account {
             }
             match self.native.compare_exchange_weak(cur, new, Relaxed, Relaxed) {
                 Ok(_) => {
-                    self.peak.fetch_max(new, Relaxed);
+                    self.raise_peak(new);
                     return Ok(new);
                 }
                 Err(seen) => cur = seen,
             }
+        }
+    }
+
+    /// A plain load first: the peak rarely moves, and `fetch_max` is a CAS loop.
+    fn raise_peak(&self, candidate: i64) {
+        if candidate > self.peak.load(Relaxed) {
+            self.peak.fetch_max(candidate, Relaxed);
         }
     }
 

@@ -45,17 +45,15 @@ impl<A> QuotaAlloc<A> {
 /// Charges `bytes` before memory is taken. False: refused (the report is written).
 #[inline(always)]
 fn charge(bytes: usize) -> bool {
-    // Layout sizes never exceed isize::MAX, so the cast is exact.
-    let bytes = bytes as i64;
-    ledger::try_fast(bytes) || engine::charge_slow(bytes)
+    // Layout sizes never exceed isize::MAX, so the casts are exact.
+    ledger::try_charge(bytes as u64) || engine::charge_slow(bytes as i64)
 }
 
 /// Credits `bytes` after memory is given back (or was never taken).
 #[inline(always)]
 fn credit(bytes: usize) {
-    let bytes = -(bytes as i64);
-    if !ledger::try_fast(bytes) {
-        engine::charge_slow(bytes);
+    if !ledger::try_credit(bytes as u64) {
+        engine::charge_slow(-(bytes as i64));
     }
 }
 

@@ -149,9 +149,14 @@ fn configure_from_env() {
 /// reclaim) or on the `memquota-reclaim` thread (background reclaim), never twice at
 /// once. It may allocate: that is charged and never triggers another reclaim. A
 /// panic in it is caught and counted. What it freed is measured, not trusted.
+///
+/// Registering resets the futility suspension: the record of the old callback says
+/// nothing about the new one. The old callback is leaked, not dropped, since another
+/// thread may be running it.
 pub fn on_reclaim<F: Fn(usize) + Send + Sync + 'static>(callback: F) {
     let boxed: Box<Box<ReclaimFn>> = Box::new(Box::new(callback));
     RECLAIM.store(Box::into_raw(boxed), Release);
+    COORDINATOR.reset_futility();
 }
 
 fn reclaimer() -> Option<&'static ReclaimFn> {
@@ -200,6 +205,8 @@ fn admit(bytes: i64) -> bool {
         round += 1;
         let need = Quota::excess(native.saturating_add(bytes), heap, quota.limit);
         match COORDINATOR.reclaim_sync(need, timing(), run_reclaim) {
+            // Another round only while reclaims keep making progress.
+            SyncOutcome::Ran(run) if run.panicked || run.freed == 0 => break,
             SyncOutcome::Ran(_) | SyncOutcome::Waited => continue,
             SyncOutcome::TimedOut => break,
             SyncOutcome::Throttled(why) => {
@@ -252,16 +259,14 @@ fn request_background(need: u64) {
         return;
     }
     if !WORKER_STARTED.swap(true, AcqRel) {
-        let spawned = std::thread::Builder::new()
-            .name("memquota-reclaim".into())
-            .spawn(|| {
-                // This thread exists to reclaim: its own allocations are charged but
-                // never wait for a reclaim.
-                let _busy = ledger::enter();
-                loop {
-                    COORDINATOR.serve_background(run_reclaim);
-                }
-            });
+        let spawned = std::thread::Builder::new().name("memquota-reclaim".into()).spawn(|| {
+            // This thread exists to reclaim: its own allocations are charged but
+            // never wait for a reclaim.
+            let _busy = ledger::enter();
+            loop {
+                COORDINATOR.serve_background(run_reclaim);
+            }
+        });
         if spawned.is_err() {
             WORKER_STARTED.store(false, Release);
         }

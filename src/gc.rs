@@ -268,6 +268,13 @@ impl Coordinator {
         self.ended.notify_all();
     }
 
+    /// Forgets the futility record: a new callback deserves a fresh start.
+    pub(crate) fn reset_futility(&self) {
+        let mut st = lock(&self.state);
+        st.futile_streak = 0;
+        st.suspended_until = None;
+    }
+
     /// The last reclaims, newest first.
     pub(crate) fn history(&self) -> [Option<ReclaimRecord>; HISTORY] {
         let st = lock(&self.state);
@@ -334,7 +341,10 @@ mod tests {
     fn rate_limit_blocks_a_second_reclaim() {
         let c = Coordinator::new();
         let slow = Timing { wait: Duration::from_secs(1), min_interval: Duration::from_secs(3600) };
-        assert!(matches!(c.reclaim_sync(1, slow, |n| Run { freed: n, panicked: false }), SyncOutcome::Ran(_)));
+        assert!(matches!(
+            c.reclaim_sync(1, slow, |n| Run { freed: n, panicked: false }),
+            SyncOutcome::Ran(_)
+        ));
         assert_eq!(c.reclaim_sync(1, slow, futile), SyncOutcome::Throttled(Throttle::RateLimited));
     }
 

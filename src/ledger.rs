@@ -2,7 +2,7 @@
 //! allocated minus the bytes it freed; the delta is flushed to the process
 //! [`Account`] when its magnitude would reach the thread's slack, at thread exit, and
 //! on [`flush`]. No lock, no allocation, no syscall and no shared write on the fast
-//! path: one thread-local read-modify-write and a compare.
+//! path: a thread-local load, one or two compares and a store.
 //!
 //! Error bound: after every operation `|delta| < slack`, so the process total differs
 //! from the true sum of live allocation sizes by less than the sum of the live
@@ -68,7 +68,11 @@ enum Phase {
 }
 
 struct Local {
-    delta: Cell<i64>,
+    /// `delta + slack`, where `delta` is the bytes this thread allocated minus the
+    /// bytes it freed since its last flush. Kept in `(0, 2 * slack)`, i.e.
+    /// `|delta| < slack`, so each fast-path check is one unsigned compare.
+    level: Cell<u64>,
+    /// The thread's slack: 0 while `Fresh` or `Exited`, so every change goes slow.
     slack: Cell<u64>,
     phase: Cell<Phase>,
     /// Set while this thread runs memquota's own slow path (policy, reclaim callback,
@@ -80,7 +84,7 @@ thread_local! {
     // `const` and without `Drop`: no lazy initialisation and no destructor
     // registration on the fast path (rust-lang/rust #116390).
     static LOCAL: Local = const {
-        Local { delta: Cell::new(0), slack: Cell::new(0), phase: Cell::new(Phase::Fresh), busy: Cell::new(false) }
+        Local { level: Cell::new(0), slack: Cell::new(0), phase: Cell::new(Phase::Fresh), busy: Cell::new(false) }
     };
     // Touched once per thread, from the slow path, to flush at thread exit.
     static EXIT_FLUSH: ExitFlush = const { ExitFlush };
@@ -92,29 +96,55 @@ impl Drop for ExitFlush {
     fn drop(&mut self) {
         let _ = LOCAL.try_with(|l| {
             l.phase.set(Phase::Exited);
+            ACCOUNT.add(take_delta(l));
             set_slack(l, 0);
-            ACCOUNT.add(l.delta.replace(0));
             LIVE_THREADS.fetch_sub(1, Relaxed);
         });
     }
 }
 
-/// Records `bytes` (either sign) in this thread's delta if that keeps
-/// `|delta| < slack`. Returns false when the caller must take the slow path; nothing
-/// was recorded then.
+/// Records a charge of `bytes` in this thread's delta if that keeps the delta under
+/// the slack and `bytes` itself is under it (an allocation at or above the threshold
+/// always goes to the slow path, before memory is taken). Returns false when the
+/// caller must take the slow path; nothing was recorded then.
 #[inline(always)]
-pub(crate) fn try_fast(bytes: i64) -> bool {
+pub(crate) fn try_charge(bytes: u64) -> bool {
     LOCAL
         .try_with(|l| {
-            // Wrapping: a huge `bytes` wraps to a huge magnitude and so goes slow.
-            let d = l.delta.get().wrapping_add(bytes);
-            let fits = d.unsigned_abs() < l.slack.get();
+            let (level, slack) = (l.level.get(), l.slack.get());
+            // level < 2 * slack always, so the subtraction cannot wrap.
+            let fits = bytes < slack && bytes < 2 * slack - level;
             if fits {
-                l.delta.set(d);
+                l.level.set(level + bytes);
             }
             fits
         })
         .unwrap_or(false)
+}
+
+/// Records a credit of `bytes` if that keeps the delta above `-slack`.
+#[inline(always)]
+pub(crate) fn try_credit(bytes: u64) -> bool {
+    LOCAL
+        .try_with(|l| {
+            let level = l.level.get();
+            let fits = bytes < level;
+            if fits {
+                l.level.set(level - bytes);
+            }
+            fits
+        })
+        .unwrap_or(false)
+}
+
+fn delta(l: &Local) -> i64 {
+    l.level.get().wrapping_sub(l.slack.get()) as i64
+}
+
+fn take_delta(l: &Local) -> i64 {
+    let d = delta(l);
+    l.level.set(l.slack.get());
+    d
 }
 
 /// Marks this thread busy in memquota's slow path for the guard's lifetime.
@@ -140,25 +170,26 @@ pub(crate) fn settle() -> i64 {
             if l.phase.get() == Phase::Fresh {
                 l.phase.set(Phase::Live);
                 LIVE_THREADS.fetch_add(1, Relaxed);
-                set_slack(l, threshold());
-                // Registering the destructor may allocate: with the slack now set,
-                // those allocations land in `delta` and are taken just below.
+                set_slack(l, threshold()); // a fresh thread's delta is 0: all went slow
+                                           // Registering the destructor may allocate: with the slack now set,
+                                           // those allocations land in `delta` and are taken just below.
                 if EXIT_FLUSH.try_with(|_| ()).is_err() {
                     l.phase.set(Phase::Exited);
                     LIVE_THREADS.fetch_sub(1, Relaxed);
                 }
             }
-            let slack = if l.phase.get() == Phase::Live { threshold() } else { 0 };
-            set_slack(l, slack);
-            l.delta.replace(0)
+            let d = take_delta(l);
+            set_slack(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
+            d
         })
         .unwrap_or(0)
 }
 
-/// Changes a thread's slack, keeping [`SLACK_SUM`] exact. Only the owning thread
-/// calls this, so the per-thread old value is read and written without a race.
+/// Changes a thread's slack, with its delta at zero, keeping [`SLACK_SUM`] exact. Only
+/// the owning thread calls this, so the old value is read and written without a race.
 fn set_slack(l: &Local, slack: u64) {
     let old = l.slack.replace(slack);
+    l.level.set(slack);
     if slack > old {
         SLACK_SUM.fetch_add(slack - old, Relaxed);
     } else if old > slack {
@@ -168,7 +199,7 @@ fn set_slack(l: &Local, slack: u64) {
 
 /// Charges `bytes` from inside our own slow path: straight to the account, no policy.
 pub(crate) fn charge_nested(bytes: i64) {
-    let pending = LOCAL.try_with(|l| l.delta.replace(0)).unwrap_or(0);
+    let pending = LOCAL.try_with(take_delta).unwrap_or(0);
     ACCOUNT.add(pending.wrapping_add(bytes));
 }
 
@@ -179,5 +210,5 @@ pub fn flush() {
 
 /// This thread's unflushed delta in bytes (what [`flush`] would move).
 pub fn thread_pending() -> i64 {
-    LOCAL.try_with(|l| l.delta.get()).unwrap_or(0)
+    LOCAL.try_with(delta).unwrap_or(0)
 }

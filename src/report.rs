@@ -71,7 +71,13 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     };
     writeln!(w, "memquota: allocation refused: {} requested", Size(r.requested))?;
     writeln!(w, "  limit            {}  (soft threshold {})", Size(s.limit), Size(s.soft_limit))?;
-    writeln!(w, "  native tracked   {}  (peak {}, +/- {} unflushed)", Size(s.native), Size(s.native_peak), Size(s.error_bound))?;
+    writeln!(
+        w,
+        "  native tracked   {}  (peak {}, +/- {} unflushed)",
+        Size(s.native),
+        Size(s.native_peak),
+        Size(s.error_bound)
+    )?;
     writeln!(w, "  heap committed   {}", Size(s.heap.committed))?;
     writeln!(w, "  heap used        {}  (counted: {counted})", Size(s.heap.used))?;
     writeln!(w, "  headroom         {}", Size(s.headroom))?;
@@ -88,7 +94,9 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         writeln!(w, "  no reclaim callback is registered (memquota::on_reclaim)")?;
     }
     match r.throttle {
-        Some(Throttle::Suspended) => writeln!(w, "  reclaims are suspended: the recent ones freed too little")?,
+        Some(Throttle::Suspended) => {
+            writeln!(w, "  reclaims are suspended: the recent ones freed too little")?
+        }
         Some(Throttle::RateLimited) => writeln!(w, "  a reclaim ran moments ago; its result stands")?,
         None => {}
     }
@@ -117,7 +125,9 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         Size(j.resident)
     )?;
     match r.policy {
-        OnOom::Null => writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)"),
+        OnOom::Null => {
+            writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)")
+        }
         OnOom::Abort => writeln!(w, "  policy           abort"),
     }
 }

@@ -1,0 +1,55 @@
+//! Shared by the harness-less test binaries: a tiny runner that prints the closing
+//! line cargo's summary readers know, and a deterministic RNG.
+#![allow(dead_code)]
+
+use std::time::Instant;
+
+/// Runs the named checks in order, printing one line each, then `N passed; M failed`.
+/// Exits non-zero if any failed. A check fails by panicking.
+pub fn run(checks: &[(&str, fn())]) {
+    let mut failed = 0;
+    for (name, check) in checks {
+        let started = Instant::now();
+        let ok = std::panic::catch_unwind(check).is_ok();
+        println!(
+            "test {name} ... {} ({} ms)",
+            if ok { "ok" } else { "FAILED" },
+            started.elapsed().as_millis()
+        );
+        failed += usize::from(!ok);
+    }
+    println!(
+        "\ntest result: {}. {} passed; {failed} failed",
+        if failed == 0 { "ok" } else { "FAILED" },
+        checks.len() - failed
+    );
+    if failed > 0 {
+        std::process::exit(101);
+    }
+}
+
+/// xorshift64*: deterministic, allocation-free.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Mostly small sizes, some up to 256 KiB, a few up to 2 MiB: crosses every
+    /// threshold the ledger can have.
+    pub fn size(&mut self) -> usize {
+        (match self.below(100) {
+            0..=79 => 1 + self.below(512),
+            80..=97 => 1 + self.below(256 << 10),
+            _ => 1 + self.below(2 << 20),
+        }) as usize
+    }
+}

@@ -1,0 +1,135 @@
+//! Property test of the ledger and quota against a model: random programs of
+//! alloc / alloc_zeroed / realloc / free / flush / limit changes, run through a
+//! `QuotaAlloc` over `System` on one thread. This binary's global allocator is the
+//! plain system one, so the only charges are the ones the program makes.
+
+use memquota::{Config, QuotaAlloc};
+use proptest::prelude::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+
+static QUOTA: QuotaAlloc<System> = QuotaAlloc::wrap(System);
+
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc(usize),
+    AllocZeroed(usize),
+    Realloc(usize, usize),
+    Free(usize),
+    Flush,
+    /// Sets the limit to the live bytes plus this much room.
+    Limit(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let size = prop_oneof![4 => 1usize..512, 3 => 512usize..(64 << 10), 1 => (64usize << 10)..(1 << 20)];
+    prop_oneof![
+        4 => size.clone().prop_map(Op::Alloc),
+        1 => size.clone().prop_map(Op::AllocZeroed),
+        2 => (any::<usize>(), size).prop_map(|(i, s)| Op::Realloc(i, s)),
+        3 => any::<usize>().prop_map(Op::Free),
+        1 => Just(Op::Flush),
+        1 => (0usize..(4 << 20)).prop_map(Op::Limit),
+    ]
+}
+
+fn layout(size: usize) -> Layout {
+    Layout::from_size_align(size, 8).unwrap()
+}
+
+/// Tracked bytes as this thread sees them: flushed plus its own pending delta.
+fn tracked() -> i64 {
+    memquota::stats().native as i64 + memquota::thread_pending()
+}
+
+fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    memquota::set_report_hook(|_| {}); // refusals are expected here, by the thousand
+    let mut limit: u64 = 1 << 20;
+    memquota::init(Config::new().limit(limit)).unwrap();
+    memquota::flush();
+    let base = tracked();
+    let mut live: Vec<(*mut u8, usize)> = Vec::new();
+    let mut model: u64 = 0;
+    // A thread keeps the slack it got at its last flush: the largest since a change.
+    let mut slack = memquota::threshold_for(limit);
+    for op in ops {
+        let before = model;
+        let refused_for = match op {
+            Op::Alloc(n) | Op::AllocZeroed(n) => {
+                // SAFETY: n >= 1, align 8.
+                let p = unsafe {
+                    if matches!(op, Op::Alloc(_)) {
+                        QUOTA.alloc(layout(n))
+                    } else {
+                        QUOTA.alloc_zeroed(layout(n))
+                    }
+                };
+                if p.is_null() {
+                    Some(n as u64)
+                } else {
+                    live.push((p, n));
+                    model += n as u64;
+                    None
+                }
+            }
+            Op::Realloc(i, n) if !live.is_empty() => {
+                let k = i % live.len();
+                let (p, old) = live[k];
+                // SAFETY: p is live from QUOTA with layout(old); n >= 1.
+                let q = unsafe { QUOTA.realloc(p, layout(old), n) };
+                if q.is_null() {
+                    Some(n.saturating_sub(old) as u64)
+                } else {
+                    live[k] = (q, n);
+                    model = model - old as u64 + n as u64;
+                    None
+                }
+            }
+            Op::Free(i) if !live.is_empty() => {
+                let (p, n) = live.swap_remove(i % live.len());
+                // SAFETY: p is live from QUOTA with layout(n).
+                unsafe { QUOTA.dealloc(p, layout(n)) };
+                model -= n as u64;
+                None
+            }
+            Op::Flush => {
+                memquota::flush();
+                prop_assert_eq!(memquota::thread_pending(), 0);
+                None
+            }
+            Op::Limit(room) => {
+                limit = model + room as u64 + 1;
+                memquota::set_limit(limit);
+                slack = slack.max(memquota::threshold_for(limit));
+                None
+            }
+            _ => None,
+        };
+        // Exact at every step: invariant 2 on one thread.
+        prop_assert_eq!(tracked() - base, model as i64, "after {:?}", op);
+        // Invariant 3: the unflushed part stays under the slack.
+        prop_assert!(memquota::thread_pending().unsigned_abs() < slack);
+        match refused_for {
+            // Refused only when the request really did not fit (no reclaim here).
+            Some(n) => prop_assert!(before + n > limit, "refused {} with {} of {} used", n, before, limit),
+            // Granted past the limit by less than the slack at most.
+            None => {
+                prop_assert!(model < limit + slack || model <= before, "{} granted over {}", model, limit)
+            }
+        }
+    }
+    for (p, n) in live {
+        // SAFETY: p is live from QUOTA with layout(n).
+        unsafe { QUOTA.dealloc(p, layout(n)) };
+    }
+    memquota::flush();
+    prop_assert_eq!(tracked(), base);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn ledger_and_quota_match_the_model(ops in prop::collection::vec(op(), 1..400)) {
+        check(ops)?;
+    }
+}
