@@ -1,0 +1,68 @@
+//! `stats()` and the OOM report never allocate. The global allocator here is
+//! `QuotaAlloc` over a counting wrapper of `System`, so every allocation that reaches
+//! the backing allocator on this thread is seen.
+
+mod common;
+
+use common::run;
+use memquota::{Config, QuotaAlloc};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+struct Counting;
+
+thread_local! {
+    static CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn calls() -> u64 {
+    CALLS.with(Cell::get)
+}
+
+// SAFETY: forwards to System unchanged; the counter is a const thread-local Cell.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        CALLS.with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller upholds `alloc`'s contract.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller upholds `dealloc`'s contract.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        CALLS.with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller upholds `realloc`'s contract.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: QuotaAlloc<Counting> = QuotaAlloc::wrap(Counting);
+
+fn main() {
+    memquota::init(Config::new().limit(32 << 20)).unwrap();
+    run(&[("stats_never_allocates", stats_never_allocates), ("refusal_and_report_never_allocate", refusal)]);
+}
+
+fn stats_never_allocates() {
+    let _warm = memquota::stats();
+    let before = calls();
+    let s = memquota::stats();
+    assert_eq!(calls(), before, "stats() allocated");
+    assert_eq!(s.limit, 32 << 20);
+}
+
+fn refusal() {
+    // The default hook (write(2) to stderr) and no reclaim callback: the path from the
+    // refused request to the returned error is memquota's alone.
+    let mut v: Vec<u8> = Vec::new();
+    let before = calls();
+    let refused = v.try_reserve_exact(64 << 20).is_err();
+    let during = calls() - before;
+    assert!(refused);
+    assert_eq!(during, 0, "the refusal path allocated {during} times");
+    assert!(memquota::last_report().unwrap().contains("64.0 MiB (67108864) requested"));
+}
