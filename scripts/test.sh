@@ -11,9 +11,9 @@ command -v cargo >/dev/null || { echo "cargo is missing: install Rust (https://r
 cargo --version
 
 say "unit, integration and property tests (release: the drift test does 1.2M operations)"
-cargo test --release --workspace
+timeout 1500 cargo test --release --workspace
 
 say "loom models of the reclaim coordinator and the account (separate target dir: --cfg loom)"
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" cargo test --release --lib loom
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" timeout 900 cargo test --release --lib loom
 
 say "all tests passed"

@@ -3,6 +3,7 @@
 
 use crate::engine;
 use crate::ledger;
+use crate::rust_face::{self, RUST_FACE};
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemallocator::Jemalloc;
 
@@ -46,14 +47,15 @@ impl<A> QuotaAlloc<A> {
 #[inline(always)]
 fn charge(bytes: usize) -> bool {
     // Layout sizes never exceed isize::MAX, so the casts are exact.
-    ledger::try_charge(bytes as u64) || engine::charge_slow(bytes as i64)
+    rust_face::with(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
+        || engine::charge_slow(&RUST_FACE, bytes as i64)
 }
 
 /// Credits `bytes` after memory is given back (or was never taken).
 #[inline(always)]
 fn credit(bytes: usize) {
-    if !ledger::try_credit(bytes as u64) {
-        engine::charge_slow(-(bytes as i64));
+    if rust_face::with(|l| ledger::try_credit(l, bytes as u64)) != Some(true) {
+        engine::charge_slow(&RUST_FACE, -(bytes as i64));
     }
 }
 

@@ -6,13 +6,14 @@ use crate::host;
 use std::time::Duration;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 6] = [
+pub const ENV_VARS: [(&str, &str); 7] = [
     (LIMIT_VAR, LIMIT_FORMS),
     (SOFT_VAR, SOFT_FORMS),
     (ON_OOM_VAR, ON_OOM_FORMS),
     (HEAP_VAR, HEAP_FORMS),
     (WAIT_VAR, DURATION_FORMS),
     (INTERVAL_VAR, DURATION_FORMS),
+    (REFUSE_MIN_VAR, SIZE_FORMS),
 ];
 
 const LIMIT_VAR: &str = "MEMQUOTA_LIMIT";
@@ -26,6 +27,9 @@ const HEAP_VAR: &str = "MEMQUOTA_HEAP";
 const HEAP_FORMS: &str = "committed or used";
 const WAIT_VAR: &str = "MEMQUOTA_RECLAIM_WAIT";
 const INTERVAL_VAR: &str = "MEMQUOTA_RECLAIM_INTERVAL";
+/// The variable that sets the smallest request that may be refused.
+pub const REFUSE_MIN_VAR: &str = "MEMQUOTA_REFUSE_MIN";
+const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m)";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
 
 /// Where the budget's size comes from.
@@ -72,6 +76,7 @@ pub struct Config {
     heap: HeapMode,
     reclaim_wait: Duration,
     reclaim_interval: Duration,
+    refuse_min: u64,
 }
 
 impl Default for Config {
@@ -83,7 +88,7 @@ impl Default for Config {
 impl Config {
     /// Defaults: the machine's limit, soft threshold at 0.85, `null` on OOM, committed
     /// heap counted, waits for a reclaim in flight bounded at 5 s, at most one reclaim
-    /// per 10 ms.
+    /// per 10 ms, every request refusable (`refuse_min` 0).
     pub const fn new() -> Config {
         Config {
             limit: None,
@@ -92,6 +97,7 @@ impl Config {
             heap: HeapMode::Committed,
             reclaim_wait: Duration::from_secs(5),
             reclaim_interval: Duration::from_millis(10),
+            refuse_min: 0,
         }
     }
 
@@ -147,6 +153,9 @@ impl Config {
         if let Some(d) = read(&get, INTERVAL_VAR, DURATION_FORMS, parse_duration)? {
             c.reclaim_interval = d;
         }
+        if let Some(n) = read(&get, REFUSE_MIN_VAR, SIZE_FORMS, parse_size)? {
+            c.refuse_min = n;
+        }
         Ok(c)
     }
 
@@ -190,6 +199,20 @@ impl Config {
     pub fn reclaim_interval(mut self, interval: Duration) -> Config {
         self.reclaim_interval = interval;
         self
+    }
+
+    /// The smallest request that may be refused. Smaller ones past the limit are
+    /// granted (over-commit, bounded by a sixteenth of the limit), counted, and ask for
+    /// a background reclaim instead of waiting for one: for hosts (a JVM, C++ code)
+    /// that die when an internal malloc fails.
+    pub fn refuse_min(mut self, bytes: u64) -> Config {
+        self.refuse_min = bytes;
+        self
+    }
+
+    /// The smallest request that may be refused.
+    pub fn refuse_min_setting(&self) -> u64 {
+        self.refuse_min
     }
 
     /// The limit as configured (`None`: the machine's limit).
@@ -331,6 +354,7 @@ mod tests {
             ("MEMQUOTA_HEAP", "used"),
             ("MEMQUOTA_RECLAIM_WAIT", "250ms"),
             ("MEMQUOTA_RECLAIM_INTERVAL", "2s"),
+            ("MEMQUOTA_REFUSE_MIN", "64k"),
         ]))
         .unwrap();
         assert_eq!(c.limit_setting(), Some(Limit::Bytes(512 << 20)));
@@ -339,6 +363,7 @@ mod tests {
         assert_eq!(c.heap_setting(), HeapMode::Used);
         assert_eq!(c.reclaim_wait_setting(), Duration::from_millis(250));
         assert_eq!(c.reclaim_interval_setting(), Duration::from_secs(2));
+        assert_eq!(c.refuse_min_setting(), 64 << 10);
         assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::new());
     }
 

@@ -6,9 +6,10 @@ use crate::config::{Config, HeapMode, OnOom};
 use crate::error::Result;
 use crate::gc::{Coordinator, Run, SyncOutcome, Throttle, Timing};
 use crate::heap_probe;
-use crate::ledger::{self, ACCOUNT};
+use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::quota::{Pressure, Quota};
 use crate::report::{self, Refusal};
+use crate::rust_face::RUST_FACE;
 use crate::stats::{JemallocStats, Stats};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
@@ -35,6 +36,7 @@ struct Settings {
     abort: AtomicBool,
     wait_ms: AtomicU64,
     interval_ms: AtomicU64,
+    refuse_min: AtomicU64,
 }
 
 static SETTINGS: Settings = Settings {
@@ -45,10 +47,15 @@ static SETTINGS: Settings = Settings {
     abort: AtomicBool::new(false),
     wait_ms: AtomicU64::new(5000),
     interval_ms: AtomicU64::new(10),
+    refuse_min: AtomicU64::new(0),
 };
 
 static COORDINATOR: Coordinator = Coordinator::new();
 static OOMS: AtomicU64 = AtomicU64::new(0);
+static OVERCOMMITS: AtomicU64 = AtomicU64::new(0);
+/// The face whose threads the background worker and `flush` use: the last one seen on
+/// the slow path (one per process copy of this crate in practice).
+static FACE: AtomicPtr<Face> = AtomicPtr::new(&RUST_FACE as *const Face as *mut Face);
 /// A leaked `Box<Box<ReclaimFn>>`, never freed: another thread may be running the
 /// previous callback when a new one is installed.
 static RECLAIM: AtomicPtr<Box<ReclaimFn>> = AtomicPtr::new(std::ptr::null_mut());
@@ -92,6 +99,7 @@ fn apply(config: &Config, limit: u64) {
     let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     SETTINGS.wait_ms.store(ms(config.reclaim_wait_setting()), Relaxed);
     SETTINGS.interval_ms.store(ms(config.reclaim_interval_setting()), Relaxed);
+    SETTINGS.refuse_min.store(config.refuse_min_setting(), Relaxed);
 }
 
 fn store_quota(q: Quota) {
@@ -165,25 +173,44 @@ fn reclaimer() -> Option<&'static ReclaimFn> {
     unsafe { p.as_ref() }.map(|b| &**b)
 }
 
-/// The slow path of a charge of `bytes` (either sign). Returns whether the caller may
-/// go ahead; only positive charges can be refused.
+fn face() -> &'static Face {
+    // SAFETY: FACE only ever holds pointers to `&'static Face` values.
+    unsafe { &*FACE.load(Relaxed) }
+}
+
+/// The slow path of a charge of `bytes` (either sign) on a thread of `face`. Returns
+/// whether the caller may go ahead; only positive charges can be refused.
 #[cold]
 #[inline(never)]
-pub(crate) fn charge_slow(bytes: i64) -> bool {
-    let Some(_busy) = ledger::enter() else {
-        ledger::charge_nested(bytes);
+pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
+    let Some(l) = (face.local)() else {
+        ACCOUNT.add(bytes); // a thread with no state left: counted, never policed
         return true;
     };
+    let Some(_busy) = ledger::enter(l) else {
+        ledger::charge_nested(l, bytes);
+        return true;
+    };
+    if !std::ptr::eq(FACE.load(Relaxed), face) {
+        FACE.store(face as *const Face as *mut Face, Relaxed);
+    }
     ensure_configured();
-    ACCOUNT.add(ledger::settle());
+    ACCOUNT.add(ledger::settle(l, face));
     if bytes <= 0 {
         ACCOUNT.add(bytes);
         return true;
     }
-    admit(bytes)
+    admit(l, face, bytes)
 }
 
-fn admit(bytes: i64) -> bool {
+/// Flushes the calling thread's delta to the process account.
+pub fn flush_thread(face: &'static Face) {
+    if let Some(l) = (face.local)() {
+        ACCOUNT.add(ledger::settle(l, face));
+    }
+}
+
+fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
     let quota = quota();
     let mode = heap_mode();
     let mut throttle = None;
@@ -199,12 +226,22 @@ fn admit(bytes: i64) -> bool {
             }
             Err(native) => native,
         };
+        // A small request is never refused while the over-commit stays bounded: the
+        // threads that make them (a JVM's, C++ code) die on a failed malloc. It never
+        // waits for a reclaim either; it asks for one in the background.
+        if (bytes as u64) < SETTINGS.refuse_min.load(Relaxed) {
+            if let Ok(native) = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap)) {
+                OVERCOMMITS.fetch_add(1, Relaxed);
+                request_background(Quota::excess(native, heap, quota.soft));
+                return true;
+            }
+        }
         if round == MAX_SYNC_ROUNDS || reclaimer().is_none() {
             break;
         }
         round += 1;
         let need = Quota::excess(native.saturating_add(bytes), heap, quota.limit);
-        match COORDINATOR.reclaim_sync(need, timing(), run_reclaim) {
+        match COORDINATOR.reclaim_sync(need, timing(), |need| run_reclaim(l, face, need)) {
             // Another round only while reclaims keep making progress.
             SyncOutcome::Ran(run) if run.panicked || run.freed == 0 => break,
             SyncOutcome::Ran(_) | SyncOutcome::Waited => continue,
@@ -236,21 +273,21 @@ fn refuse(bytes: i64, throttle: Option<Throttle>) -> bool {
 }
 
 /// Native plus counted heap bytes, with this thread's delta flushed first.
-fn used_now() -> i64 {
-    let native = ACCOUNT.add(ledger::settle());
+fn used_now(l: &Local, face: &Face) -> i64 {
+    let native = ACCOUNT.add(ledger::settle(l, face));
     native.saturating_add(heap_probe::read().counted(heap_mode()))
 }
 
 /// Runs the callback on this thread, with the busy mark held by the caller, and
 /// measures what it freed.
-fn run_reclaim(need: u64) -> Run {
+fn run_reclaim(l: &Local, face: &Face, need: u64) -> Run {
     let Some(callback) = reclaimer() else {
         return Run { freed: 0, panicked: false };
     };
-    let before = used_now();
+    let before = used_now(l, face);
     let need = usize::try_from(need).unwrap_or(usize::MAX);
     let panicked = catch_unwind(AssertUnwindSafe(|| callback(need))).is_err();
-    let after = used_now();
+    let after = used_now(l, face);
     Run { freed: u64::try_from(before.saturating_sub(after)).unwrap_or(0), panicked }
 }
 
@@ -260,11 +297,13 @@ fn request_background(need: u64) {
     }
     if !WORKER_STARTED.swap(true, AcqRel) {
         let spawned = std::thread::Builder::new().name("memquota-reclaim".into()).spawn(|| {
+            let face = face();
+            let Some(l) = (face.local)() else { return };
             // This thread exists to reclaim: its own allocations are charged but
             // never wait for a reclaim.
-            let _busy = ledger::enter();
+            let _busy = ledger::enter(l);
             loop {
-                COORDINATOR.serve_background(run_reclaim);
+                COORDINATOR.serve_background(|need| run_reclaim(l, face, need));
             }
         });
         if spawned.is_err() {
@@ -285,6 +324,7 @@ pub fn stats() -> Stats {
     let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
     let limit = if quota.limit == i64::MAX { u64::MAX } else { unsigned(quota.limit) };
     let soft_limit = if quota.soft == i64::MAX { u64::MAX } else { unsigned(quota.soft) };
+    let counted_heap = heap.counted(mode);
     Stats {
         limit,
         soft_limit,
@@ -292,7 +332,10 @@ pub fn stats() -> Stats {
         native_peak: unsigned(ACCOUNT.peak()),
         heap,
         heap_mode: mode,
-        headroom: quota.headroom(native, heap.counted(mode)),
+        headroom: quota.headroom(native, counted_heap),
+        overcommit: Quota::excess(native.max(0), counted_heap, quota.limit),
+        overcommits: OVERCOMMITS.load(Relaxed),
+        refuse_min: SETTINGS.refuse_min.load(Relaxed),
         reclaims_sync: counts.sync.load(Relaxed),
         reclaims_background: counts.background.load(Relaxed),
         reclaim_panics: counts.panics.load(Relaxed),

@@ -11,6 +11,10 @@
 //! `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser than ClickHouse's
 //! `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a 256th of its limit.
 //!
+//! The per-thread state is a plain [`Local`] that each face keeps in thread-local
+//! storage of its own ([`Face`]): the Rust face in `rust_face.rs`, the preload in
+//! initial-exec TLS.
+//!
 //! Scopes (task memory managers) plug in here: a per-thread "current scope" slot
 //! beside `delta`, flushed with it when the thread changes scope, keeps the fast
 //! path exactly as it is.
@@ -57,9 +61,10 @@ pub(crate) fn error_bound() -> u64 {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 enum Phase {
     /// Has not reached the slow path yet: slack 0, so its first operation does.
-    Fresh,
+    Fresh = 0,
     /// Registered: its delta is flushed at exit.
     Live,
     /// Its exit flush ran: slack 0, so every later operation (another TLS destructor
@@ -67,7 +72,11 @@ enum Phase {
     Exited,
 }
 
-struct Local {
+/// One thread's ledger state. A face keeps one per thread in thread-local storage of
+/// its choosing (see [`Face`]). All-zero bytes are the valid initial state, so it can
+/// live in a zero-initialised TLS block.
+#[repr(C)]
+pub struct Local {
     /// `delta + slack`, where `delta` is the bytes this thread allocated minus the
     /// bytes it freed since its last flush. Kept in `(0, 2 * slack)`, i.e.
     /// `|delta| < slack`, so each fast-path check is one unsigned compare.
@@ -80,27 +89,33 @@ struct Local {
     busy: Cell<bool>,
 }
 
-thread_local! {
-    // `const` and without `Drop`: no lazy initialisation and no destructor
-    // registration on the fast path (rust-lang/rust #116390).
-    static LOCAL: Local = const {
-        Local { level: Cell::new(0), slack: Cell::new(0), phase: Cell::new(Phase::Fresh), busy: Cell::new(false) }
-    };
-    // Touched once per thread, from the slow path, to flush at thread exit.
-    static EXIT_FLUSH: ExitFlush = const { ExitFlush };
+impl Local {
+    /// A fresh thread's state (all zeros).
+    pub const fn new() -> Local {
+        Local {
+            level: Cell::new(0),
+            slack: Cell::new(0),
+            phase: Cell::new(Phase::Fresh),
+            busy: Cell::new(false),
+        }
+    }
 }
 
-struct ExitFlush;
-
-impl Drop for ExitFlush {
-    fn drop(&mut self) {
-        let _ = LOCAL.try_with(|l| {
-            l.phase.set(Phase::Exited);
-            ACCOUNT.add(take_delta(l));
-            set_slack(l, 0);
-            LIVE_THREADS.fetch_sub(1, Relaxed);
-        });
+impl Default for Local {
+    fn default() -> Self {
+        Local::new()
     }
+}
+
+/// How a face reaches the calling thread's state. The Rust face uses a `thread_local!`;
+/// a preloaded library, whose Rust thread-locals would be global-dynamic TLS (a call
+/// to `__tls_get_addr`, which may call malloc), brings initial-exec TLS of its own.
+pub struct Face {
+    /// The calling thread's state; `None` if the thread has none any more.
+    pub local: fn() -> Option<&'static Local>,
+    /// Arranges for [`thread_exit`] to run when the calling thread exits; false if it
+    /// cannot be arranged (the thread is already exiting). May allocate.
+    pub register_exit: fn() -> bool,
 }
 
 /// Records a charge of `bytes` in this thread's delta if that keeps the delta under
@@ -108,33 +123,25 @@ impl Drop for ExitFlush {
 /// always goes to the slow path, before memory is taken). Returns false when the
 /// caller must take the slow path; nothing was recorded then.
 #[inline(always)]
-pub(crate) fn try_charge(bytes: u64) -> bool {
-    LOCAL
-        .try_with(|l| {
-            let (level, slack) = (l.level.get(), l.slack.get());
-            // level < 2 * slack always, so the subtraction cannot wrap.
-            let fits = bytes < slack && bytes < 2 * slack - level;
-            if fits {
-                l.level.set(level + bytes);
-            }
-            fits
-        })
-        .unwrap_or(false)
+pub fn try_charge(l: &Local, bytes: u64) -> bool {
+    let (level, slack) = (l.level.get(), l.slack.get());
+    // level < 2 * slack always, so the subtraction cannot wrap.
+    let fits = bytes < slack && bytes < 2 * slack - level;
+    if fits {
+        l.level.set(level + bytes);
+    }
+    fits
 }
 
 /// Records a credit of `bytes` if that keeps the delta above `-slack`.
 #[inline(always)]
-pub(crate) fn try_credit(bytes: u64) -> bool {
-    LOCAL
-        .try_with(|l| {
-            let level = l.level.get();
-            let fits = bytes < level;
-            if fits {
-                l.level.set(level - bytes);
-            }
-            fits
-        })
-        .unwrap_or(false)
+pub fn try_credit(l: &Local, bytes: u64) -> bool {
+    let level = l.level.get();
+    let fits = bytes < level;
+    if fits {
+        l.level.set(level - bytes);
+    }
+    fits
 }
 
 fn delta(l: &Local) -> i64 {
@@ -147,42 +154,48 @@ fn take_delta(l: &Local) -> i64 {
     d
 }
 
-/// Marks this thread busy in memquota's slow path for the guard's lifetime.
+/// Marks the thread busy in memquota's slow path for the guard's lifetime.
 /// `None` if it already is: the caller is nested inside our own slow path.
-pub(crate) fn enter() -> Option<Busy> {
-    LOCAL.try_with(|l| (!l.busy.replace(true)).then_some(Busy)).ok().flatten()
+pub(crate) fn enter(l: &Local) -> Option<Busy<'_>> {
+    (!l.busy.replace(true)).then_some(Busy(l))
 }
 
 /// RAII for [`enter`]: clears the busy mark on drop, also on unwind.
-pub(crate) struct Busy;
+pub(crate) struct Busy<'a>(&'a Local);
 
-impl Drop for Busy {
+impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        let _ = LOCAL.try_with(|l| l.busy.set(false));
+        self.0.busy.set(false);
     }
 }
 
-/// Takes this thread's delta, registering the thread (for the exit flush) on its
-/// first visit and refreshing its slack. The caller adds the result to the account.
-pub(crate) fn settle() -> i64 {
-    LOCAL
-        .try_with(|l| {
-            if l.phase.get() == Phase::Fresh {
-                l.phase.set(Phase::Live);
-                LIVE_THREADS.fetch_add(1, Relaxed);
-                set_slack(l, threshold()); // a fresh thread's delta is 0: all went slow
-                                           // Registering the destructor may allocate: with the slack now set,
-                                           // those allocations land in `delta` and are taken just below.
-                if EXIT_FLUSH.try_with(|_| ()).is_err() {
-                    l.phase.set(Phase::Exited);
-                    LIVE_THREADS.fetch_sub(1, Relaxed);
-                }
-            }
-            let d = take_delta(l);
-            set_slack(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
-            d
-        })
-        .unwrap_or(0)
+/// Takes the thread's delta, registering the thread (for the exit flush) on its first
+/// visit and refreshing its slack. The caller adds the result to the account.
+pub(crate) fn settle(l: &Local, face: &Face) -> i64 {
+    if l.phase.get() == Phase::Fresh {
+        l.phase.set(Phase::Live);
+        LIVE_THREADS.fetch_add(1, Relaxed);
+        set_slack(l, threshold()); // a fresh thread's delta is 0: all went slow
+                                   // Registering may allocate: with the slack now set, those allocations land in
+                                   // the delta taken just below.
+        if !(face.register_exit)() {
+            l.phase.set(Phase::Exited);
+            LIVE_THREADS.fetch_sub(1, Relaxed);
+        }
+    }
+    let d = take_delta(l);
+    set_slack(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
+    d
+}
+
+/// The exit flush: moves the thread's delta to the account and makes every later
+/// operation on this thread go straight to it.
+pub fn thread_exit(l: &Local) {
+    if l.phase.replace(Phase::Exited) == Phase::Live {
+        LIVE_THREADS.fetch_sub(1, Relaxed);
+    }
+    ACCOUNT.add(take_delta(l));
+    set_slack(l, 0);
 }
 
 /// Changes a thread's slack, with its delta at zero, keeping [`SLACK_SUM`] exact. Only
@@ -198,17 +211,11 @@ fn set_slack(l: &Local, slack: u64) {
 }
 
 /// Charges `bytes` from inside our own slow path: straight to the account, no policy.
-pub(crate) fn charge_nested(bytes: i64) {
-    let pending = LOCAL.try_with(take_delta).unwrap_or(0);
-    ACCOUNT.add(pending.wrapping_add(bytes));
+pub(crate) fn charge_nested(l: &Local, bytes: i64) {
+    ACCOUNT.add(take_delta(l).wrapping_add(bytes));
 }
 
-/// Flushes this thread's delta to the process account now.
-pub fn flush() {
-    ACCOUNT.add(settle());
-}
-
-/// This thread's unflushed delta in bytes (what [`flush`] would move).
-pub fn thread_pending() -> i64 {
-    LOCAL.try_with(delta).unwrap_or(0)
+/// The thread's unflushed delta in bytes.
+pub fn pending(l: &Local) -> i64 {
+    delta(l)
 }

@@ -31,10 +31,22 @@ mod ledger;
 #[cfg(not(loom))]
 mod report;
 #[cfg(not(loom))]
+mod rust_face;
+#[cfg(not(loom))]
 mod stats;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
+
+/// For faces other than the Rust allocator (the `LD_PRELOAD` library): the per-thread
+/// state and the shared slow path. A face keeps a [`face::Local`] per thread, tries
+/// [`face::try_charge`] / [`face::try_credit`] on every call, and calls
+/// [`face::charge_slow`] when they say no.
+#[cfg(not(loom))]
+pub mod face {
+    pub use crate::engine::{charge_slow, flush_thread};
+    pub use crate::ledger::{pending, thread_exit, try_charge, try_credit, Face, Local};
+}
 
 pub use config::{parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS};
 pub use error::{Error, Result};
@@ -47,7 +59,8 @@ pub use {
     alloc::QuotaAlloc,
     engine::{init, on_reclaim, set_limit, stats, ReclaimFn},
     heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},
-    ledger::{flush, thread_pending, threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},
+    ledger::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},
     report::{last_report, set_report_hook, write_stderr, ReportHook, REPORT_CAPACITY},
+    rust_face::{flush, thread_pending},
     stats::{JemallocStats, Stats},
 };

@@ -38,6 +38,12 @@ impl Quota {
         self.limit.saturating_sub(heap)
     }
 
+    /// The most native bytes small requests may take past the limit: the over-commit
+    /// is bounded by a sixteenth of the limit.
+    pub(crate) fn overcommit_ceiling(&self, heap: i64) -> i64 {
+        self.limit.saturating_add(self.limit / 16).saturating_sub(heap)
+    }
+
     /// Classifies a total of native plus heap bytes.
     pub(crate) fn pressure(&self, native: i64, heap: i64) -> Pressure {
         let total = native.saturating_add(heap);

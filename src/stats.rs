@@ -55,6 +55,13 @@ pub struct Stats {
     pub heap_mode: HeapMode,
     /// `limit - (native + counted heap)`, 0 when over.
     pub headroom: u64,
+    /// Bytes granted past the limit to requests under `refuse_min` (never more than a
+    /// sixteenth of the limit).
+    pub overcommit: u64,
+    /// Requests granted past the limit because they were under `refuse_min`.
+    pub overcommits: u64,
+    /// The smallest request that may be refused.
+    pub refuse_min: u64,
     /// Reclaims run synchronously by an allocation over the limit.
     pub reclaims_sync: u64,
     /// Reclaims run in the background past the soft threshold.

@@ -32,11 +32,14 @@ fn main() {
         ("oom_try_reserve_errs_with_a_report", oom_try_reserve_errs_with_a_report),
         ("panicking_callback_is_caught_and_counted", panicking_callback_is_caught_and_counted),
         ("futile_reclaims_are_suspended", futile_reclaims_are_suspended),
+        ("small_requests_overcommit_within_a_bound", small_requests_overcommit_within_a_bound),
     ]);
 }
 
+/// A budget with no soft threshold (no background reclaims to race with the check)
+/// and no rate limit.
 fn configure(limit: usize) -> Config {
-    let c = Config::new().limit(limit as u64).reclaim_interval(Duration::ZERO);
+    let c = Config::new().limit(limit as u64).soft_ratio(1.0).reclaim_interval(Duration::ZERO);
     memquota::init(c.clone()).unwrap();
     c
 }
@@ -73,7 +76,7 @@ fn heap_probe_counts_against_the_limit() {
     assert!(s.headroom < 16 * MIB as u64);
     assert!(try_alloc(20 * MIB).is_none(), "48 MiB committed heap + 20 MiB native > 64 MiB");
 
-    memquota::init(Config::new().limit(64 * MIB as u64).heap(HeapMode::Used)).unwrap();
+    memquota::init(Config::new().limit(64 * MIB as u64).soft_ratio(1.0).heap(HeapMode::Used)).unwrap();
     assert!(try_alloc(20 * MIB).is_some(), "only 8 MiB of heap is used");
 
     memquota::heap_probe(HeapProbe::Function(Box::new(|| HeapBytes {
@@ -154,7 +157,9 @@ fn exactly_one_reclaim_in_flight() {
             let barrier = Arc::clone(&barrier);
             std::thread::spawn(move || {
                 barrier.wait();
-                try_alloc(8 * MIB).is_some()
+                let held = try_alloc(8 * MIB);
+                barrier.wait(); // hold it until every thread has asked: 164 MiB wanted
+                held.is_some()
             })
         })
         .collect();
@@ -273,4 +278,31 @@ fn futile_reclaims_are_suspended() {
     assert!((3..=allowance).contains(&calls), "a GC storm: {calls} reclaims for 50 refusals");
     assert!(after.reclaims_throttled - before.reclaims_throttled >= 50 - allowance as u64);
     assert!(memquota::last_report().unwrap().contains("suspended"));
+}
+
+fn small_requests_overcommit_within_a_bound() {
+    const LIMIT: usize = 64 * MIB;
+    memquota::init(Config::new().limit(LIMIT as u64).soft_ratio(1.0).refuse_min(MIB as u64)).unwrap();
+    let before = memquota::stats();
+    let mut held = Vec::with_capacity(256);
+    // Up to the limit with large blocks, then 512 KiB blocks (under refuse_min) past it.
+    while let Some(v) = try_alloc(4 * MIB) {
+        held.push(v);
+    }
+    assert!(try_alloc(2 * MIB).is_none(), "2 MiB is over refuse_min: refused at the limit");
+    let mut small = 0;
+    while let Some(v) = try_alloc(512 << 10) {
+        held.push(v);
+        small += 1;
+        assert!(small < 1000, "over-commit is unbounded");
+    }
+    let after = memquota::stats();
+    println!("  {small} small grants past the limit; over-commit {} bytes", after.overcommit);
+    assert!(small >= 7, "a sixteenth of 64 MiB holds at least 7 blocks of 512 KiB");
+    assert!(after.overcommit > 0 && after.overcommit <= (LIMIT / 16) as u64, "{}", after.overcommit);
+    // The first few may still have fitted under the limit.
+    let overcommits = after.overcommits - before.overcommits;
+    assert!((7..=small).contains(&overcommits), "{overcommits} of {small}");
+    assert_eq!(after.refuse_min, MIB as u64);
+    drop(held);
 }

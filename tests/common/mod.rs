@@ -7,6 +7,13 @@ use std::time::Instant;
 /// Runs the named checks in order, printing one line each, then `N passed; M failed`.
 /// Exits non-zero if any failed. A check fails by panicking.
 pub fn run(checks: &[(&str, fn())]) {
+    // A failing check prints a message and maybe a backtrace, which allocates; under
+    // a tight test budget that could be refused mid-print. Lift the limit first.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        memquota::set_limit(1 << 50);
+        report(info)
+    }));
     let mut failed = 0;
     for (name, check) in checks {
         let started = Instant::now();
