@@ -194,13 +194,48 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
     if !std::ptr::eq(FACE.load(Relaxed), face) {
         FACE.store(face as *const Face as *mut Face, Relaxed);
     }
-    ensure_configured();
+    if face.configure_from_env {
+        ensure_configured();
+    }
     ACCOUNT.add(ledger::settle(l, face));
     if bytes <= 0 {
         ACCOUNT.add(bytes);
         return true;
     }
     admit(l, face, bytes)
+}
+
+/// Call in a `fork` child (a `pthread_atfork` child handler): resets what the
+/// parent's vanished threads left behind (locks, a reclaim in flight, the background
+/// worker, the live-thread count) so the child's allocations work normally.
+///
+/// # Safety
+/// Only in the child, before it starts any thread.
+pub unsafe fn after_fork_child(face: &'static Face) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        COORDINATOR.after_fork_child();
+        report::after_fork_child();
+    }
+    WORKER_STARTED.store(false, Relaxed);
+    ledger::after_fork_child((face.local)());
+}
+
+/// Unregisters the reclaim callback.
+pub fn clear_reclaim() {
+    RECLAIM.store(std::ptr::null_mut(), Release);
+}
+
+/// Records bytes that are already taken (or given back) on a thread of `face`, with
+/// no policy: for corrections after the fact, such as a `realloc` that landed in a
+/// different size class than estimated.
+pub fn record(face: &'static Face, bytes: i64) {
+    match (face.local)() {
+        Some(l) => ledger::charge_nested(l, bytes),
+        None => {
+            ACCOUNT.add(bytes);
+        }
+    }
 }
 
 /// Flushes the calling thread's delta to the process account.
@@ -346,5 +381,6 @@ pub fn stats() -> Stats {
         threads: ledger::live_threads(),
         threshold: ledger::threshold(),
         jemalloc: JemallocStats::read(),
+        process_rss: crate::host::process_rss(),
     }
 }

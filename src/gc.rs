@@ -11,7 +11,7 @@
 //! The reclaim itself is a closure handed in by the caller, and this type holds no
 //! lock while it runs, so a callback may allocate, or take its own locks, freely.
 
-use crate::sync::{lock, AtomicU64, Condvar, Mutex};
+use crate::sync::{lock, wait, wait_timeout, AtomicU64, Condvar, Mutex};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -172,10 +172,7 @@ impl Coordinator {
                 if left.is_zero() {
                     return SyncOutcome::TimedOut;
                 }
-                st = match self.ended.wait_timeout(st, left) {
-                    Ok((g, _)) => g,
-                    Err(poisoned) => poisoned.into_inner().0,
-                };
+                st = wait_timeout(&self.ended, st, left);
             }
             return SyncOutcome::Waited;
         }
@@ -213,10 +210,7 @@ impl Coordinator {
     pub(crate) fn serve_background(&self, run: impl FnOnce(u64) -> Run) -> Option<Run> {
         let mut st = lock(&self.state);
         while st.background_need == 0 {
-            st = match self.queued.wait(st) {
-                Ok(g) => g,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            st = wait(&self.queued, st);
         }
         let need = std::mem::take(&mut st.background_need);
         if st.in_flight {
@@ -266,6 +260,20 @@ impl Coordinator {
         st.next = (slot + 1) % HISTORY;
         drop(st);
         self.ended.notify_all();
+    }
+
+    /// Makes the coordinator usable in a `fork` child: the parent's other threads,
+    /// and any reclaim they were running or waiting for, do not exist there.
+    ///
+    /// # Safety
+    /// As [`unlock_in_fork_child`](crate::sync::unlock_in_fork_child).
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn after_fork_child(&self) {
+        // SAFETY: forwarded contract.
+        unsafe { crate::sync::unlock_in_fork_child(&self.state) };
+        let mut st = lock(&self.state);
+        st.in_flight = false;
+        st.background_need = 0;
     }
 
     /// Forgets the futility record: a new callback deserves a fresh start.

@@ -25,6 +25,33 @@ pub fn physical_ram() -> u64 {
     sys.total_memory()
 }
 
+/// This process's resident set size in bytes, from `/proc/self/statm`, read into a
+/// stack buffer: no allocation. 0 if unavailable.
+pub fn process_rss() -> u64 {
+    let mut buf = [0u8; 128];
+    // SAFETY: the path is NUL-terminated; open/read/close are called with a valid fd
+    // and a buffer of the length given.
+    let n = unsafe {
+        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return 0;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n
+    };
+    let text = &buf[..usize::try_from(n).unwrap_or(0)];
+    // "size resident shared ...", in pages.
+    let resident = text.split(|&b| b == b' ').nth(1).unwrap_or(b"");
+    let pages = resident
+        .iter()
+        .take_while(|b| b.is_ascii_digit())
+        .fold(0u64, |acc, &d| acc.saturating_mul(10).saturating_add(u64::from(d - b'0')));
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages.saturating_mul(u64::try_from(page).unwrap_or(4096))
+}
+
 /// Parses `/proc/self/cgroup` and reads limits through `read`, so tests can feed it a
 /// fake file system. v2 (`0::/path`) wins over v1 (`N:memory:/path`) when both exist.
 pub(crate) fn cgroup_limit_from(membership: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
@@ -87,6 +114,12 @@ mod tests {
         assert_eq!(cgroup_limit_from("4:memory:/x\n", files), None);
         let files = fake(&[("/sys/fs/cgroup/memory/x/memory.limit_in_bytes", "536870912\n")]);
         assert_eq!(cgroup_limit_from("4:cpu,memory:/x\n", files), Some(512 << 20));
+    }
+
+    #[test]
+    fn rss_is_plausible() {
+        let rss = process_rss();
+        assert!(rss > 1 << 20 && rss < physical_ram(), "{rss}");
     }
 
     #[test]

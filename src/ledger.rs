@@ -116,6 +116,11 @@ pub struct Face {
     /// Arranges for [`thread_exit`] to run when the calling thread exits; false if it
     /// cannot be arranged (the thread is already exiting). May allocate.
     pub register_exit: fn() -> bool,
+    /// Whether the first slow path reads `MEMQUOTA_*` itself. A preloaded library
+    /// says no: its first malloc may come before libc has set up the environment,
+    /// and it configures the budget from its load-time constructor instead (no limit
+    /// is enforced before that).
+    pub configure_from_env: bool,
 }
 
 /// Records a charge of `bytes` in this thread's delta if that keeps the delta under
@@ -156,12 +161,12 @@ fn take_delta(l: &Local) -> i64 {
 
 /// Marks the thread busy in memquota's slow path for the guard's lifetime.
 /// `None` if it already is: the caller is nested inside our own slow path.
-pub(crate) fn enter(l: &Local) -> Option<Busy<'_>> {
+pub fn enter(l: &Local) -> Option<Busy<'_>> {
     (!l.busy.replace(true)).then_some(Busy(l))
 }
 
 /// RAII for [`enter`]: clears the busy mark on drop, also on unwind.
-pub(crate) struct Busy<'a>(&'a Local);
+pub struct Busy<'a>(&'a Local);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
@@ -196,6 +201,14 @@ pub fn thread_exit(l: &Local) {
     }
     ACCOUNT.add(take_delta(l));
     set_slack(l, 0);
+}
+
+/// In a `fork` child only the forking thread exists: the counts of live threads and
+/// of their slack start again from it.
+pub(crate) fn after_fork_child(l: Option<&Local>) {
+    let live = l.is_some_and(|l| l.phase.get() == Phase::Live);
+    LIVE_THREADS.store(i64::from(live), Relaxed);
+    SLACK_SUM.store(l.map_or(0, |l| l.slack.get()), Relaxed);
 }
 
 /// Changes a thread's slack, with its delta at zero, keeping [`SLACK_SUM`] exact. Only

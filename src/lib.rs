@@ -25,6 +25,8 @@ mod alloc;
 #[cfg(not(loom))]
 mod engine;
 #[cfg(not(loom))]
+mod export;
+#[cfg(not(loom))]
 mod heap_probe;
 #[cfg(not(loom))]
 mod ledger;
@@ -44,20 +46,21 @@ mod loom_tests;
 /// [`face::charge_slow`] when they say no.
 #[cfg(not(loom))]
 pub mod face {
-    pub use crate::engine::{charge_slow, flush_thread};
-    pub use crate::ledger::{pending, thread_exit, try_charge, try_credit, Face, Local};
+    pub use crate::engine::{after_fork_child, charge_slow, flush_thread, record};
+    pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
 }
 
-pub use config::{parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS};
+pub use config::{parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS, REFUSE_MIN_VAR};
 pub use error::{Error, Result};
 pub use gc::{ReclaimKind, ReclaimRecord, Throttle};
-pub use host::{cgroup_limit, memory_limit, physical_ram};
+pub use host::{cgroup_limit, memory_limit, physical_ram, process_rss};
 pub use tikv_jemallocator::Jemalloc;
 
 #[cfg(not(loom))]
 pub use {
     alloc::QuotaAlloc,
-    engine::{init, on_reclaim, set_limit, stats, ReclaimFn},
+    engine::{clear_reclaim, init, on_reclaim, set_limit, stats, ReclaimFn},
+    export::{write_json, write_prometheus, SliceWriter},
     heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},
     ledger::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},
     report::{last_report, set_report_hook, write_stderr, ReportHook, REPORT_CAPACITY},

@@ -38,6 +38,18 @@ pub fn write_stderr(report: &str) {
     }
 }
 
+/// Releases the report locks in a `fork` child.
+///
+/// # Safety
+/// As [`unlock_in_fork_child`](crate::sync::unlock_in_fork_child).
+pub(crate) unsafe fn after_fork_child() {
+    // SAFETY: forwarded contract.
+    unsafe {
+        crate::sync::unlock_in_fork_child(&HOOK);
+        crate::sync::unlock_in_fork_child(&LAST);
+    }
+}
+
 /// The most recent OOM report, if any allocation was refused.
 pub fn last_report() -> Option<String> {
     let last = lock(&LAST);

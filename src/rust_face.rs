@@ -19,7 +19,7 @@ impl Drop for ExitFlush {
 }
 
 /// The Rust face.
-pub(crate) static RUST_FACE: Face = Face { local, register_exit };
+pub(crate) static RUST_FACE: Face = Face { local, register_exit, configure_from_env: true };
 
 /// The calling thread's state.
 #[inline(always)]

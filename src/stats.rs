@@ -83,4 +83,15 @@ pub struct Stats {
     pub threshold: u64,
     /// jemalloc's own statistics.
     pub jemalloc: JemallocStats,
+    /// The process's resident set size.
+    pub process_rss: u64,
+}
+
+impl Stats {
+    /// Resident memory the budget does not see: RSS minus native tracked minus
+    /// committed heap. Code, stacks, allocator overhead, and memory from allocators
+    /// that bypass memquota (an engine's private jemalloc, direct mmap).
+    pub fn untracked(&self) -> u64 {
+        self.process_rss.saturating_sub(self.native.saturating_add(self.heap.committed))
+    }
 }

@@ -1,0 +1,149 @@
+//! Load time: configuration from the environment (read once, loud on error), the
+//! fork handler, the stats file and the exit report.
+
+use crate::tls::FACE;
+use memquota_core::{face, Config, Stats};
+use std::io::Write;
+use std::time::Duration;
+
+/// The preload's default `MEMQUOTA_REFUSE_MIN`: smaller requests are never refused
+/// (bounded over-commit instead). See docs/preload.md for the measurement behind it.
+pub(crate) const DEFAULT_REFUSE_MIN: u64 = 1 << 20;
+
+const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
+const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";
+const REPORT: &str = "MEMQUOTA_REPORT";
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;
+
+struct Settings {
+    stats_file: Option<String>,
+    interval: Duration,
+    report_at_exit: bool,
+}
+
+static mut SETTINGS: Settings =
+    Settings { stats_file: None, interval: Duration::from_secs(1), report_at_exit: false };
+
+fn fail(message: &str) -> ! {
+    memquota_core::write_stderr(&format!("{message}\n"));
+    // SAFETY: _exit has no preconditions; no atexit handler may run half-configured.
+    unsafe { libc::_exit(2) }
+}
+
+extern "C" fn on_load() {
+    crate::size_class::self_check();
+    let mut config = Config::from_env().unwrap_or_else(|e| fail(&e.to_string()));
+    if std::env::var_os(memquota_core::REFUSE_MIN_VAR).is_none() {
+        config = config.refuse_min(DEFAULT_REFUSE_MIN);
+    }
+    memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
+    let settings = read_settings().unwrap_or_else(|e| fail(&e));
+    // SAFETY: registering plain extern "C" handlers.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(after_fork_child));
+    }
+    if settings.stats_file.is_some() || settings.report_at_exit {
+        // SAFETY: registering a plain extern "C" handler.
+        unsafe { libc::atexit(at_exit) };
+    }
+    let writer = settings.stats_file.clone().map(|path| (path, settings.interval));
+    // SAFETY: written once, here, before any thread of ours reads it.
+    unsafe { SETTINGS = settings };
+    if let Some((path, interval)) = writer {
+        let _ = std::thread::Builder::new().name("memquota-stats".into()).spawn(move || {
+            let _busy = face::enter(crate::tls::local()); // charged, never refused or made to wait
+            loop {
+                std::thread::sleep(interval); // a period, not a synchronisation
+                write_stats_file(&path);
+            }
+        });
+    }
+}
+
+fn read_settings() -> Result<Settings, String> {
+    let stats_file = std::env::var(STATS_FILE).ok().filter(|p| !p.is_empty());
+    let interval = match std::env::var(STATS_INTERVAL) {
+        Err(_) => Duration::from_secs(1),
+        Ok(v) => parse_interval(&v).ok_or_else(|| {
+            format!("memquota: bad {STATS_INTERVAL}={v:?}: expected a duration (500ms, 2s) of at least 10ms")
+        })?,
+    };
+    let report_at_exit = match std::env::var(REPORT).as_deref() {
+        Err(_) | Ok("") | Ok("none") => false,
+        Ok("exit") => true,
+        Ok(v) => return Err(format!("memquota: bad {REPORT}={v:?}: expected exit or none")),
+    };
+    Ok(Settings { stats_file, interval, report_at_exit })
+}
+
+fn parse_interval(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    let ms: u64 = match v.strip_suffix("ms") {
+        Some(n) => n.trim().parse().ok()?,
+        None => v.strip_suffix('s').unwrap_or(v).trim().parse::<u64>().ok()?.checked_mul(1000)?,
+    };
+    (ms >= 10).then(|| Duration::from_millis(ms))
+}
+
+/// Writes the Prometheus text to `path` atomically: a temporary file, then a rename.
+fn write_stats_file(path: &str) {
+    face::flush_thread(&FACE);
+    let mut text = String::with_capacity(4096);
+    let _ = memquota_core::write_prometheus(&mut text, &memquota_core::stats());
+    let tmp = format!("{path}.tmp.{}", std::process::id());
+    let ok = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
+    if ok.is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    } else {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+extern "C" fn at_exit() {
+    face::flush_thread(&FACE);
+    // SAFETY: SETTINGS was written once in `on_load`, before this handler was
+    // registered; nothing writes it after.
+    let settings = unsafe { &*std::ptr::addr_of!(SETTINGS) };
+    if let Some(path) = &settings.stats_file {
+        write_stats_file(path);
+    }
+    if settings.report_at_exit {
+        memquota_core::write_stderr(&summary(&memquota_core::stats()));
+    }
+}
+
+fn mib(b: u64) -> String {
+    if b == u64::MAX {
+        "unlimited".into()
+    } else {
+        format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+    }
+}
+
+fn summary(s: &Stats) -> String {
+    format!(
+        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  reclaims       {} sync, {} background, freed {}\n  refusals       {}\n  over-commit    {} grants past the limit\n  process RSS    {} ({} untracked)\n",
+        std::process::id(),
+        mib(s.limit),
+        mib(s.native),
+        mib(s.native_peak),
+        mib(s.heap.committed),
+        mib(s.heap.used),
+        s.reclaims_sync,
+        s.reclaims_background,
+        mib(s.reclaimed_bytes),
+        s.ooms,
+        s.overcommits,
+        mib(s.process_rss),
+        mib(s.untracked()),
+    )
+}
+
+extern "C" fn after_fork_child() {
+    // SAFETY: a pthread_atfork child handler runs in the child before it can start
+    // any thread.
+    unsafe { face::after_fork_child(&FACE) };
+}

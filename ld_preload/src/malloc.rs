@@ -1,0 +1,297 @@
+//! The malloc family, over jemalloc's prefixed functions, each charged in usable
+//! bytes before memory is taken and credited after it is given back.
+//!
+//! Exported with `#[cfg_attr(not(test), no_mangle)]` so this crate's own unit tests
+//! do not interpose themselves.
+
+use crate::size_class::usable;
+use crate::tls::{local, FACE};
+use libc::{c_int, c_void, size_t};
+use memquota_core::face;
+use std::ptr::null_mut;
+use tikv_jemalloc_sys as jem;
+
+const PAGE: usize = 4096;
+
+fn errno() -> c_int {
+    // SAFETY: __errno_location always returns this thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+fn set_errno(e: c_int) {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// Charges `bytes` before memory is taken; false: refused (the report is written).
+#[inline(always)]
+fn charge(bytes: usize) -> bool {
+    face::try_charge(local(), bytes as u64) || slow(bytes as i64)
+}
+
+/// Credits `bytes` after memory is given back.
+#[inline(always)]
+fn credit(bytes: usize) {
+    if !face::try_credit(local(), bytes as u64) {
+        slow(-(bytes as i64));
+    }
+}
+
+/// The shared slow path, keeping errno: `free` must not change it, and a granted
+/// `malloc` has no business changing it either.
+#[cold]
+#[inline(never)]
+fn slow(bytes: i64) -> bool {
+    let saved = errno();
+    let ok = face::charge_slow(&FACE, bytes);
+    set_errno(saved);
+    ok
+}
+
+fn enomem() -> *mut c_void {
+    set_errno(libc::ENOMEM);
+    null_mut()
+}
+
+/// `malloc`: the usable size of `n` is charged first.
+#[inline(always)]
+fn alloc(n: size_t) -> *mut c_void {
+    let size = usable(n);
+    if size == 0 || !charge(size) {
+        return enomem();
+    }
+    // SAFETY: plain jemalloc malloc.
+    let p = unsafe { jem::malloc(n) };
+    if p.is_null() {
+        credit(size);
+        return enomem();
+    }
+    p
+}
+
+/// Allocates with an alignment that is a power of two.
+fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
+    let flags = align.trailing_zeros() as c_int; // MALLOCX_ALIGN(align)
+    let n = n.max(1);
+    // SAFETY: nallocx has no preconditions.
+    let size = unsafe { jem::nallocx(n, flags) };
+    if size == 0 || !charge(size) {
+        return enomem();
+    }
+    // SAFETY: n >= 1 and flags encode a power-of-two alignment.
+    let p = unsafe { jem::mallocx(n, flags) };
+    if p.is_null() {
+        credit(size);
+        return enomem();
+    }
+    p
+}
+
+/// `free`: the size comes from jemalloc and goes back to it, so jemalloc skips its
+/// own lookup.
+#[inline(always)]
+fn release(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `p` is a live jemalloc allocation (the caller's contract for free).
+    let size = unsafe { jem::sallocx(p, 0) };
+    // SAFETY: `size` is the usable size of `p`, within what sdallocx accepts.
+    unsafe { jem::sdallocx(p, size, 0) };
+    credit(size);
+}
+
+fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
+    if p.is_null() {
+        return alloc(n);
+    }
+    if n == 0 {
+        release(p); // glibc: realloc(p, 0) frees p and returns NULL
+        return null_mut();
+    }
+    // SAFETY: `p` is a live jemalloc allocation (realloc's contract).
+    let old = unsafe { jem::sallocx(p, 0) };
+    let estimate = usable(n);
+    if estimate == 0 {
+        return enomem();
+    }
+    let grow = estimate.saturating_sub(old);
+    if grow > 0 && !charge(grow) {
+        return enomem();
+    }
+    // SAFETY: `p` is live, n >= 1.
+    let q = unsafe { jem::realloc(p, n) };
+    if q.is_null() {
+        if grow > 0 {
+            credit(grow);
+        }
+        return enomem();
+    }
+    // What is counted now is `old + grow`; make it exactly what jemalloc holds.
+    // SAFETY: `q` is the live result of realloc.
+    let now = unsafe { jem::sallocx(q, 0) };
+    let counted = old + grow;
+    if now != counted {
+        face::record(&FACE, now as i64 - counted as i64);
+    }
+    q
+}
+
+fn zeroed(count: size_t, size: size_t) -> *mut c_void {
+    let Some(total) = count.checked_mul(size) else {
+        return enomem();
+    };
+    let bytes = usable(total);
+    if bytes == 0 || !charge(bytes) {
+        return enomem();
+    }
+    // SAFETY: plain jemalloc calloc of a product that does not overflow.
+    let p = unsafe { jem::calloc(count, size) };
+    if p.is_null() {
+        credit(bytes);
+        return enomem();
+    }
+    p
+}
+
+/// glibc's `memalign`: an alignment that is not a power of two is rounded up.
+fn memalign_glibc(align: size_t, n: size_t) -> *mut c_void {
+    let align = align.max(1);
+    if align > usize::MAX / 2 + 1 {
+        set_errno(libc::EINVAL);
+        return null_mut();
+    }
+    alloc_aligned(align.next_power_of_two(), n)
+}
+
+fn pvalloc_pages(n: size_t) -> *mut c_void {
+    let Some(rounded) = n.max(1).checked_add(PAGE - 1) else {
+        return enomem();
+    };
+    alloc_aligned(PAGE, rounded & !(PAGE - 1))
+}
+
+macro_rules! export {
+    ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $body:expr; )*) => {$(
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// As the C function of the same name.
+        #[cfg_attr(not(test), no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $body
+        }
+    )*};
+}
+
+export! {
+    fn malloc(n: size_t) -> *mut c_void = alloc(n);
+    fn __libc_malloc(n: size_t) -> *mut c_void = alloc(n);
+    fn free(p: *mut c_void) -> () = release(p);
+    fn cfree(p: *mut c_void) -> () = release(p);
+    fn __libc_free(p: *mut c_void) -> () = release(p);
+    /// C23: the size is a hint; the real size comes from jemalloc.
+    fn free_sized(p: *mut c_void, _size: size_t) -> () = release(p);
+    /// C23: as `free_sized`.
+    fn free_aligned_sized(p: *mut c_void, _align: size_t, _size: size_t) -> () = release(p);
+    fn calloc(count: size_t, size: size_t) -> *mut c_void = zeroed(count, size);
+    fn __libc_calloc(count: size_t, size: size_t) -> *mut c_void = zeroed(count, size);
+    fn realloc(p: *mut c_void, n: size_t) -> *mut c_void = resize(p, n);
+    fn __libc_realloc(p: *mut c_void, n: size_t) -> *mut c_void = resize(p, n);
+    fn reallocarray(p: *mut c_void, count: size_t, size: size_t) -> *mut c_void = match count.checked_mul(size) {
+        Some(n) => resize(p, n),
+        None => enomem(),
+    };
+    fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = aligned_into(out, align, n);
+    fn __posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = aligned_into(out, align, n);
+    fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void = if align.is_power_of_two() {
+        alloc_aligned(align, n)
+    } else {
+        set_errno(libc::EINVAL);
+        null_mut()
+    };
+    fn memalign(align: size_t, n: size_t) -> *mut c_void = memalign_glibc(align, n);
+    fn __libc_memalign(align: size_t, n: size_t) -> *mut c_void = memalign_glibc(align, n);
+    fn valloc(n: size_t) -> *mut c_void = alloc_aligned(PAGE, n);
+    fn __libc_valloc(n: size_t) -> *mut c_void = alloc_aligned(PAGE, n);
+    fn pvalloc(n: size_t) -> *mut c_void = pvalloc_pages(n);
+    fn __libc_pvalloc(n: size_t) -> *mut c_void = pvalloc_pages(n);
+    fn malloc_usable_size(p: *mut c_void) -> size_t = if p.is_null() {
+        0
+    } else {
+        // SAFETY: a live allocation, per the caller's contract.
+        unsafe { jem::sallocx(p, 0) }
+    };
+    /// Accepted and ignored: jemalloc has no glibc tunables. Returns 1 (success).
+    fn mallopt(_param: c_int, _value: c_int) -> c_int = 1;
+    /// Purges jemalloc's unused dirty pages in every arena. Returns 1.
+    fn malloc_trim(_pad: size_t) -> c_int = {
+        // SAFETY: a NUL-terminated mallctl name with no input or output.
+        unsafe {
+            jem::mallctl(c"arena.4096.purge".as_ptr(), null_mut(), null_mut(), null_mut(), 0);
+        }
+        1
+    };
+    fn mallinfo() -> libc::mallinfo = {
+        let j = memquota_core::JemallocStats::read();
+        let clamp = |v: u64| v.min(i32::MAX as u64) as c_int;
+        // SAFETY: mallinfo is a plain C struct of ints; zero is a valid value.
+        let mut m: libc::mallinfo = unsafe { std::mem::zeroed() };
+        m.arena = clamp(j.mapped);
+        m.uordblks = clamp(j.allocated);
+        m.fordblks = clamp(j.active.saturating_sub(j.allocated));
+        m.keepcost = clamp(j.retained);
+        m
+    };
+    fn mallinfo2() -> libc::mallinfo2 = {
+        let j = memquota_core::JemallocStats::read();
+        // SAFETY: mallinfo2 is a plain C struct of size_t; zero is a valid value.
+        let mut m: libc::mallinfo2 = unsafe { std::mem::zeroed() };
+        m.arena = j.mapped as usize;
+        m.uordblks = j.allocated as usize;
+        m.fordblks = j.active.saturating_sub(j.allocated) as usize;
+        m.keepcost = j.retained as usize;
+        m
+    };
+    /// jemalloc's statistics on standard error.
+    fn malloc_stats() -> () = {
+        // SAFETY: null callback and options: jemalloc writes to stderr.
+        unsafe { jem::malloc_stats_print(None, null_mut(), std::ptr::null()) }
+    };
+    /// A minimal document naming the allocator; returns 0.
+    fn malloc_info(_options: c_int, stream: *mut libc::FILE) -> c_int = {
+        if !stream.is_null() {
+            // SAFETY: a valid stream per the caller's contract, a NUL-terminated string.
+            unsafe { libc::fputs(c"<malloc version=\"jemalloc-memquota\"></malloc>\n".as_ptr(), stream) };
+        }
+        0
+    };
+}
+
+fn aligned_into(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
+        return libc::EINVAL;
+    }
+    let saved = errno();
+    let p = alloc_aligned(align, n);
+    set_errno(saved); // posix_memalign reports through its return value only
+    if p.is_null() {
+        return libc::ENOMEM;
+    }
+    // SAFETY: `out` is a valid out-pointer per the caller's contract.
+    unsafe { *out = p };
+    0
+}
+
+/// For the C++ operators: allocate, or null.
+pub(crate) fn cxx_alloc(n: size_t, align: Option<size_t>) -> *mut c_void {
+    match align {
+        Some(a) if a > 16 => alloc_aligned(a, n),
+        _ => alloc(n),
+    }
+}
+
+/// For the C++ operators.
+pub(crate) fn cxx_free(p: *mut c_void) {
+    release(p)
+}

@@ -1,0 +1,62 @@
+//! jemalloc's size classes, computed in a few instructions instead of a call to
+//! `nallocx` on every malloc. Checked against `nallocx` at load; any mismatch (a
+//! jemalloc built with another quantum or page size) switches to `nallocx`.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+static USE_NALLOCX: AtomicBool = AtomicBool::new(false);
+/// Sizes above this always ask jemalloc.
+const COMPUTED_MAX: usize = 1 << 40;
+
+/// The usable size jemalloc gives a `malloc(n)`; 0 if `n` is too large to allocate.
+#[inline(always)]
+pub(crate) fn usable(n: usize) -> usize {
+    if n <= COMPUTED_MAX && !USE_NALLOCX.load(Relaxed) {
+        computed(n)
+    } else {
+        // SAFETY: nallocx has no preconditions; flags 0 is plain malloc.
+        unsafe { tikv_jemalloc_sys::nallocx(n.max(1), 0) }
+    }
+}
+
+/// 8; multiples of 16 up to 128; then four classes per doubling.
+#[inline(always)]
+fn computed(n: usize) -> usize {
+    if n <= 8 {
+        8
+    } else if n <= 128 {
+        (n + 15) & !15
+    } else {
+        let k = usize::BITS - (n - 1).leading_zeros(); // 2^(k-1) < n <= 2^k
+        let step = 1usize << (k - 3);
+        (n + step - 1) & !(step - 1)
+    }
+}
+
+/// Compares the computed classes with jemalloc's; on any difference, use jemalloc's.
+pub(crate) fn self_check() -> bool {
+    let mut probes = (0..=4096usize).collect::<Vec<_>>();
+    for shift in 12..40 {
+        let p = 1usize << shift;
+        probes.extend([p - 1, p, p + 1, p + p / 4, p + p / 3]);
+    }
+    // SAFETY: nallocx has no preconditions.
+    let ok = probes.iter().all(|&n| computed(n) == unsafe { tikv_jemalloc_sys::nallocx(n.max(1), 0) });
+    if !ok {
+        USE_NALLOCX.store(true, Relaxed);
+    }
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn matches_jemalloc_exhaustively_to_4_mib() {
+        for n in 0..=(4usize << 20) {
+            // SAFETY: nallocx has no preconditions.
+            let j = unsafe { tikv_jemalloc_sys::nallocx(n.max(1), 0) };
+            assert_eq!(super::computed(n), j, "size {n}");
+        }
+        assert!(super::self_check());
+    }
+}

@@ -1,0 +1,101 @@
+//! The preload's per-thread state, in initial-exec TLS.
+//!
+//! A Rust `thread_local!` in a cdylib is global-dynamic TLS: every access may call
+//! `__tls_get_addr`, which after a `dlopen` may call malloc, which is us (bytehound
+//! #131). So the ledger's `Local` lives in a `.tbss` block of our own, reached with
+//! the initial-exec sequence (`%fs:0` plus a GOT-held offset): no call, no
+//! allocation, valid from the thread's first instruction to its last. The exit flush
+//! is a pthread key destructor, which runs before the thread's TLS goes away.
+
+use memquota_core::face::{self, Face, Local};
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+#[cfg(not(target_arch = "x86_64"))]
+compile_error!("the preload's initial-exec TLS access is written for x86_64");
+
+const SLOT: usize = 64;
+const _: () = assert!(std::mem::size_of::<Local>() <= SLOT && std::mem::align_of::<Local>() <= 64);
+
+// A zero-filled, 64-byte-aligned TLS slot. All-zero bytes are a fresh `Local`.
+// `.hidden`: shared by our object files, invisible to other modules.
+std::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".balign 64",
+    ".globl memquota_preload_local",
+    ".hidden memquota_preload_local",
+    ".type memquota_preload_local,@object",
+    ".size memquota_preload_local,64",
+    "memquota_preload_local:",
+    ".zero 64",
+    ".popsection",
+);
+
+/// The calling thread's state.
+#[inline(always)]
+pub(crate) fn local() -> &'static Local {
+    let p: usize;
+    // SAFETY: the initial-exec TLS access sequence for `memquota_preload_local`,
+    // defined above: reads the thread pointer and the GOT entry the dynamic linker
+    // filled with the slot's offset. No memory is written; the result is the
+    // address of this thread's slot, which lives as long as the thread.
+    unsafe {
+        std::arch::asm!(
+            "mov {p}, qword ptr fs:[0]",
+            "add {p}, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
+            p = out(reg) p,
+            options(pure, readonly, nostack),
+        );
+    }
+    // SAFETY: the slot is zero-initialised (a valid fresh `Local`), suitably
+    // aligned, only ever used through this accessor on its own thread.
+    unsafe { &*(p as *const Local) }
+}
+
+/// The preload's face for the shared slow path.
+pub(crate) static FACE: Face = Face { local: local_opt, register_exit, configure_from_env: false };
+
+fn local_opt() -> Option<&'static Local> {
+    Some(local())
+}
+
+/// 0: no key yet; 1: being created; 2 + key: ready.
+static KEY: AtomicU32 = AtomicU32::new(0);
+
+fn register_exit() -> bool {
+    let key = match KEY.load(Acquire) {
+        k if k >= 2 => k - 2,
+        _ => match create_key() {
+            Some(k) => k,
+            None => return false,
+        },
+    };
+    // SAFETY: `key` is a live key; the value only needs to be non-null for the
+    // destructor to run.
+    unsafe { libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>()) == 0 }
+}
+
+fn create_key() -> Option<u32> {
+    if KEY.compare_exchange(0, 1, AcqRel, Acquire).is_ok() {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is a valid out-pointer; `exit_flush` has the signature the
+        // destructor needs.
+        let rc = unsafe { libc::pthread_key_create(&mut key, Some(exit_flush)) };
+        if rc != 0 {
+            KEY.store(0, Release);
+            return None;
+        }
+        KEY.store(key + 2, Release);
+        return Some(key);
+    }
+    loop {
+        match KEY.load(Acquire) {
+            1 => std::hint::spin_loop(),
+            0 => return None,
+            k => return Some(k - 2),
+        }
+    }
+}
+
+extern "C" fn exit_flush(_: *mut libc::c_void) {
+    face::thread_exit(local());
+}
