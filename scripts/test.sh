@@ -6,9 +6,21 @@ cd "$(dirname "$0")/.."
 
 say() { printf '\n== %s\n' "$*"; }
 
-say "toolchain"
+say "toolchain and the programs the tests compile or run"
 command -v cargo >/dev/null || { echo "cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
 cargo --version
+need=()
+for tool in gcc:gcc g++:g++ nm:binutils timeout:coreutils sort:coreutils java:default-jre-headless python3:python3; do
+    command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing: ${need[*]}"
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need[@]}"
+fi
+
+say "build (the preload tests run target/release/libmemquota.so)"
+cargo build --release
 
 say "unit, integration and property tests (release: the drift test does 1.2M operations)"
 timeout 1500 cargo test --release --workspace

@@ -1,0 +1,308 @@
+//! libmemquota.so under LD_PRELOAD: C and C++ programs compiled here and run with the
+//! library preloaded, each under an outer `timeout` (a broken preload would hang a
+//! preloaded `timeout` too), and real programs whose output must not change.
+//!
+//! Needs `cargo build --release` first (scripts/test.sh does it), gcc and g++.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// target/release/libmemquota.so, next to this test's own deps/ directory.
+fn lib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let so = exe.parent().unwrap().parent().unwrap().join("libmemquota.so");
+    assert!(so.exists(), "{} is missing: run `cargo build --release` first", so.display());
+    so
+}
+
+struct Built {
+    probe: PathBuf,
+    tls_lib: PathBuf,
+    cxx: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+        let out = std::env::temp_dir().join(format!("memquota-preload-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let cc = |compiler: &str, args: &[&str]| {
+            let status = Command::new(compiler).current_dir(&src).args(args).status().unwrap();
+            assert!(status.success(), "{compiler} {args:?} failed");
+        };
+        let b = Built { probe: out.join("probe"), tls_lib: out.join("libtls.so"), cxx: out.join("cxx") };
+        cc("gcc", &["-O1", "-g", "-w", "-pthread", "probe.c", "-o", b.probe.to_str().unwrap(), "-ldl"]);
+        cc("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c", "-o", b.tls_lib.to_str().unwrap()]);
+        cc("g++", &["-O1", "-std=c++17", "cxx.cc", "-o", b.cxx.to_str().unwrap()]);
+        b
+    })
+}
+
+/// Runs `program args` with the library preloaded and `env` set, under `timeout 120`.
+fn preloaded(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", lib().display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    for var in
+        memquota_core::ENV_VARS.iter().map(|(v, _)| *v).chain(["MEMQUOTA_REPORT", "MEMQUOTA_STATS_FILE"])
+    {
+        cmd.env_remove(var);
+    }
+    cmd.arg(program).args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn assert_ok(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+fn probe(mode: &[&str], env: &[(&str, &str)]) -> Output {
+    preloaded(&built().probe, mode, env)
+}
+
+fn exports() -> BTreeSet<String> {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().unwrap();
+    assert_ok(&out, "nm");
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
+            (kind == "T").then(|| name.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn exports_the_full_malloc_family_and_all_20_cxx_operators() {
+    let have = exports();
+    let required = [
+        "malloc",
+        "free",
+        "calloc",
+        "realloc",
+        "reallocarray",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "pvalloc",
+        "malloc_usable_size",
+        "cfree",
+        "__libc_malloc",
+        "__libc_calloc",
+        "__libc_realloc",
+        "__libc_free",
+        "__libc_memalign",
+        "__libc_valloc",
+        "__libc_pvalloc",
+        "__posix_memalign",
+        "free_sized",
+        "free_aligned_sized",
+        "mallopt",
+        "malloc_trim",
+        "mallinfo",
+        "mallinfo2",
+        "malloc_stats",
+        "malloc_info",
+    ];
+    for name in required {
+        assert!(have.contains(name), "{name} is not exported");
+    }
+    let cxx: Vec<_> = have.iter().filter(|n| n.starts_with("_Zn") || n.starts_with("_Zd")).collect();
+    assert_eq!(cxx.len(), 20, "all 20 operators or none: {cxx:?}");
+    // Nothing of jemalloc's own leaks out unprefixed.
+    assert!(!have.iter().any(|n| n.starts_with("je_") || n == "mallocx"), "stray exports");
+}
+
+#[test]
+fn header_matches_the_c_abi_exports() {
+    let header =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("include/memquota.h")).unwrap();
+    let declared: BTreeSet<String> = header
+        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| w.starts_with("memquota_") && *w != "memquota_reclaim_fn")
+        .map(str::to_owned)
+        .collect();
+    let exported: BTreeSet<String> = exports().into_iter().filter(|n| n.starts_with("memquota_")).collect();
+    assert_eq!(declared, exported);
+    for name in
+        ["memquota_stats_json", "memquota_set_heap_bytes", "memquota_set_limit", "memquota_on_reclaim"]
+    {
+        assert!(exported.contains(name), "{name}");
+    }
+}
+
+#[test]
+fn every_entry_point_is_counted_exactly_and_behaves_like_glibc() {
+    let out = probe(&["entry"], &[]);
+    assert_ok(&out, "entry");
+    assert!(text(&out.stdout).starts_with("native_before="));
+}
+
+#[test]
+fn cross_thread_frees_are_exact() {
+    assert_ok(&probe(&["threads"], &[]), "threads");
+}
+
+#[test]
+fn fork_child_allocates_and_parent_is_unaffected() {
+    assert_ok(&probe(&["fork"], &[]), "fork");
+}
+
+#[test]
+fn thread_exit_storm_is_exact() {
+    assert_ok(&probe(&["storm"], &[]), "storm");
+}
+
+#[test]
+fn dlopen_of_a_library_with_tls_does_not_recurse() {
+    let lib = built().tls_lib.to_str().unwrap().to_owned();
+    let out = probe(&["dlopen", &lib], &[]);
+    assert_ok(&out, "dlopen");
+    assert!(text(&out.stdout).contains("dlopen ok"));
+}
+
+#[test]
+fn over_the_limit_malloc_returns_null_with_a_report() {
+    let out = probe(&["oom"], &[("MEMQUOTA_LIMIT", "256m")]);
+    assert_ok(&out, "oom");
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("refused_errno=ENOMEM"), "{stdout}");
+    let granted: u32 = stdout.split("granted=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!((1..=4).contains(&granted), "{granted} blocks of 64 MiB under 256 MiB");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("memquota: allocation refused: 64.0 MiB (67108864) requested"), "{stderr}");
+    assert!(stderr.contains("limit            256.0 MiB"), "{stderr}");
+}
+
+#[test]
+fn abort_policy_prints_the_report_and_aborts() {
+    let out = probe(&["oom"], &[("MEMQUOTA_LIMIT", "256m"), ("MEMQUOTA_ON_OOM", "abort")]);
+    use std::os::unix::process::ExitStatusExt;
+    // `timeout` passes the child's signal on as 128 + signal.
+    let aborted =
+        out.status.signal() == Some(libc::SIGABRT) || out.status.code() == Some(128 + libc::SIGABRT);
+    assert!(aborted, "{:?}", out.status);
+    assert!(text(&out.stderr).contains("policy           abort"));
+}
+
+#[test]
+fn bad_env_values_exit_2_with_one_clear_line() {
+    for (var, value) in [
+        ("MEMQUOTA_LIMIT", "lots"),
+        ("MEMQUOTA_ON_OOM", "maybe"),
+        ("MEMQUOTA_SOFT_RATIO", "7"),
+        ("MEMQUOTA_REFUSE_MIN", "small"),
+        ("MEMQUOTA_STATS_INTERVAL", "1ms"),
+        ("MEMQUOTA_REPORT", "sometimes"),
+    ] {
+        let out = probe(&["entry"], &[(var, value)]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{var}={value}: {stderr}");
+        assert!(out.stdout.is_empty(), "{var}={value}: the program ran");
+        assert!(stderr.contains(var) && stderr.contains(value) && stderr.contains("expected"), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+}
+
+#[test]
+fn stats_file_and_exit_report() {
+    let file = std::env::temp_dir().join(format!("memquota-stats-{}.prom", std::process::id()));
+    let out = probe(
+        &["threads"],
+        &[
+            ("MEMQUOTA_STATS_FILE", file.to_str().unwrap()),
+            ("MEMQUOTA_REPORT", "exit"),
+            ("MEMQUOTA_LIMIT", "2g"),
+        ],
+    );
+    assert_ok(&out, "threads with stats");
+    let prom = std::fs::read_to_string(&file).unwrap();
+    for metric in
+        ["memquota_limit_bytes 2147483648", "memquota_native_peak_bytes", "memquota_process_rss_bytes"]
+    {
+        assert!(prom.contains(metric), "{metric} missing:\n{prom}");
+    }
+    assert!(text(&out.stderr).contains("memquota summary"), "{}", text(&out.stderr));
+    let _ = std::fs::remove_file(file);
+}
+
+#[test]
+fn cxx_sized_and_aligned_new_delete_are_exact_and_refusal_throws_bad_alloc() {
+    let out = preloaded(&built().cxx, &["throw"], &[("MEMQUOTA_LIMIT", "1g")]);
+    assert_ok(&out, "cxx");
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("bad_alloc caught"), "{stdout}");
+}
+
+/// The real python binary (`python3` may be a pyenv shell wrapper).
+fn python() -> PathBuf {
+    let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+    PathBuf::from(text(&out.stdout).trim())
+}
+
+fn same_output(program: &Path, args: &[&str]) {
+    let plain = Command::new(program).args(args).output().unwrap();
+    assert_ok(&plain, "without the preload");
+    let under = preloaded(program, args, &[("MEMQUOTA_LIMIT", "4g")]);
+    assert_ok(&under, "under the preload");
+    assert_eq!(text(&under.stdout), text(&plain.stdout), "{} changed its output", program.display());
+}
+
+#[test]
+fn python_gives_the_same_output() {
+    let work = "import json, hashlib\nd = [{'k': i, 'v': str(i) * 20} for i in range(200000)]\ns = json.dumps(d)\nprint(len(s), hashlib.sha256(s.encode()).hexdigest())\nprint(sorted(set(x['v'][:3] for x in d))[:5])";
+    same_output(&python(), &["-c", work]);
+}
+
+#[test]
+fn sort_gives_the_same_output() {
+    let input = std::env::temp_dir().join(format!("memquota-sort-{}.txt", std::process::id()));
+    let mut s = String::new();
+    let mut x: u64 = 88172645463325252;
+    for _ in 0..400_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(&format!("{:016x} {}\n", x, x % 1000));
+    }
+    std::fs::write(&input, s).unwrap();
+    same_output(Path::new("sort"), &["-S", "64M", input.to_str().unwrap()]);
+    let _ = std::fs::remove_file(input);
+}
+
+#[test]
+fn gcc_compiles_the_same_object() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/probe.c");
+    let dir = std::env::temp_dir();
+    let (a, b) = (dir.join("mq-plain.o"), dir.join("mq-preload.o"));
+    let plain = Command::new("gcc").args(["-O2", "-c"]).arg(&src).arg("-o").arg(&a).output().unwrap();
+    assert_ok(&plain, "gcc");
+    let under =
+        preloaded(Path::new("gcc"), &["-O2", "-c", src.to_str().unwrap(), "-o", b.to_str().unwrap()], &[]);
+    assert_ok(&under, "gcc under the preload");
+    assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap(), "objects differ");
+}
+
+#[test]
+fn java_version_runs() {
+    let plain = Command::new("java").arg("-version").output().unwrap();
+    let under = preloaded(Path::new("java"), &["-version"], &[]);
+    assert_ok(&under, "java -version");
+    assert_eq!(text(&under.stderr), text(&plain.stderr));
+}
