@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// The preload's default `MEMQUOTA_REFUSE_MIN`: smaller requests are never refused
 /// (bounded over-commit instead). See docs/preload.md for the measurement behind it.
-pub(crate) const DEFAULT_REFUSE_MIN: u64 = 1 << 20;
+pub(crate) const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
 
 const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
 const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";

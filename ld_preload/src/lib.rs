@@ -13,6 +13,7 @@
 pub mod capi;
 pub mod cxx;
 mod init;
+mod internal;
 pub mod malloc;
 mod size_class;
 mod tls;
