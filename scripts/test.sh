@@ -26,6 +26,6 @@ say "unit, integration and property tests (release: the drift test does 1.2M ope
 timeout 1500 cargo test --release --workspace
 
 say "loom models of the reclaim coordinator and the account (separate target dir: --cfg loom)"
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" timeout 900 cargo test --release --lib loom
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" timeout 900 cargo test --release -p memquota --lib loom
 
 say "all tests passed"

@@ -1,7 +1,7 @@
 //! loom models of the two races that matter: the single-flight reclaim coordinator,
 //! and concurrent charges against a ceiling (the `cap` crate's bug: a failed unsigned
 //! `fetch_sub` let another thread over-allocate). Run with
-//! `RUSTFLAGS="--cfg loom" cargo test --release --lib loom`.
+//! `RUSTFLAGS="--cfg loom" cargo test --release -p memquota --lib loom`.
 
 use crate::account::Account;
 use crate::gc::{Coordinator, Run, SyncOutcome, Timing};
