@@ -5,7 +5,7 @@
 //! do not interpose themselves.
 
 use crate::size_class::usable;
-use crate::tls::{local, FACE};
+use crate::tls::{local, slot, FACE};
 use libc::{c_int, c_void, size_t};
 use memquota_core::face;
 use std::ptr::null_mut;
@@ -53,9 +53,41 @@ fn enomem() -> *mut c_void {
     null_mut()
 }
 
-/// `malloc`: the usable size of `n` is charged first.
+/// Requests under this are charged just after jemalloc serves them, by how much its
+/// per-thread total of allocated bytes moved: no size-class arithmetic on the hot
+/// path. Larger ones are charged before memory is taken.
+const CHARGE_AFTER_MAX: usize = 4096;
+
+/// `malloc`.
 #[inline(always)]
 fn alloc(n: size_t) -> *mut c_void {
+    let s = slot();
+    let total = s.allocated.get();
+    if n < CHARGE_AFTER_MAX && !total.is_null() {
+        // SAFETY: `total` points into this thread's jemalloc state
+        // (thread.allocatedp), valid while the thread lives, written only by it.
+        let before = unsafe { total.read_volatile() };
+        // SAFETY: plain jemalloc malloc.
+        let p = unsafe { jem::malloc(n) };
+        if p.is_null() {
+            return enomem();
+        }
+        // SAFETY: as above.
+        let size = (unsafe { total.read_volatile() }).wrapping_sub(before) as usize;
+        if face::try_charge(&s.local, size as u64) || slow(size as i64) {
+            return p;
+        }
+        // Refused: give the few bytes back uncounted (they were never charged).
+        // SAFETY: `p` is the live block just allocated, `size` its usable size.
+        unsafe { jem::sdallocx(p, size, 0) };
+        return enomem();
+    }
+    charge_first(n)
+}
+
+/// `malloc`, charging the usable size of `n` before memory is taken.
+#[cold]
+fn charge_first(n: size_t) -> *mut c_void {
     let size = usable(n);
     if size == 0 || !charge(size) {
         return enomem();
@@ -87,17 +119,30 @@ fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
     p
 }
 
-/// `free`: the size comes from jemalloc and goes back to it, so jemalloc skips its
-/// own lookup.
+/// `free`: the size is what jemalloc's per-thread total of freed bytes moved by,
+/// so the free costs jemalloc's own lookup and nothing more. Before the thread's
+/// first slow path has found that total, ask `sallocx` (a second lookup).
 #[inline(always)]
 fn release(p: *mut c_void) {
     if p.is_null() {
         return;
     }
-    // SAFETY: `p` is a live jemalloc allocation (the caller's contract for free).
-    let size = unsafe { jem::sallocx(p, 0) };
-    // SAFETY: `size` is the usable size of `p`, within what sdallocx accepts.
-    unsafe { jem::sdallocx(p, size, 0) };
+    let freed = slot().deallocated.get();
+    let size = if freed.is_null() {
+        // SAFETY: `p` is a live jemalloc allocation (the caller's contract for free).
+        let size = unsafe { jem::sallocx(p, 0) };
+        // SAFETY: `size` is the usable size of `p`, within what sdallocx accepts.
+        unsafe { jem::sdallocx(p, size, 0) };
+        size
+    } else {
+        // SAFETY: `freed` points into this thread's jemalloc state (thread.deallocatedp),
+        // valid while the thread lives; jemalloc writes it only on this thread.
+        let before = unsafe { freed.read_volatile() };
+        // SAFETY: `p` is a live jemalloc allocation.
+        unsafe { jem::free(p) };
+        // SAFETY: as above.
+        (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
+    };
     credit(size);
 }
 

@@ -8,15 +8,28 @@
 //! is a pthread key destructor, which runs before the thread's TLS goes away.
 
 use memquota_core::face::{self, Face, Local};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::*};
+
+/// What the preload keeps per thread: the ledger, and where jemalloc keeps this
+/// thread's running total of bytes freed, so `free` can learn a block's size from
+/// jemalloc's own bookkeeping instead of a second lookup.
+#[repr(C)]
+pub(crate) struct Slot {
+    pub(crate) local: Local,
+    /// jemalloc's `thread.allocatedp`; null until the thread's first slow path.
+    pub(crate) allocated: Cell<*const u64>,
+    /// jemalloc's `thread.deallocatedp`; null until the thread's first slow path.
+    pub(crate) deallocated: Cell<*const u64>,
+}
 
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("the preload's initial-exec TLS access is written for x86_64");
 
 const SLOT: usize = 64;
-const _: () = assert!(std::mem::size_of::<Local>() <= SLOT && std::mem::align_of::<Local>() <= 64);
+const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT && std::mem::align_of::<Slot>() <= 64);
 
-// A zero-filled, 64-byte-aligned TLS slot. All-zero bytes are a fresh `Local`.
+// A zero-filled, 64-byte-aligned TLS slot. All-zero bytes are a fresh `Slot`.
 // `.hidden`: shared by our object files, invisible to other modules.
 std::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
@@ -30,9 +43,15 @@ std::arch::global_asm!(
     ".popsection",
 );
 
-/// The calling thread's state.
+/// The calling thread's ledger state.
 #[inline(always)]
 pub(crate) fn local() -> &'static Local {
+    &slot().local
+}
+
+/// The calling thread's slot.
+#[inline(always)]
+pub(crate) fn slot() -> &'static Slot {
     let p: usize;
     // SAFETY: the initial-exec TLS access sequence for `memquota_preload_local`,
     // defined above: reads the thread pointer and the GOT entry the dynamic linker
@@ -43,12 +62,14 @@ pub(crate) fn local() -> &'static Local {
             "mov {p}, qword ptr fs:[0]",
             "add {p}, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
             p = out(reg) p,
-            options(pure, readonly, nostack),
+            // `nomem`: the thread pointer and the GOT entry never change for a thread,
+            // so the address may be reused across calls.
+            options(pure, nomem, nostack),
         );
     }
-    // SAFETY: the slot is zero-initialised (a valid fresh `Local`), suitably
-    // aligned, only ever used through this accessor on its own thread.
-    unsafe { &*(p as *const Local) }
+    // SAFETY: the slot is zero-initialised (a valid fresh `Slot`: zero ledger, null
+    // pointer), suitably aligned, only ever used through this accessor on its thread.
+    unsafe { &*(p as *const Slot) }
 }
 
 /// The preload's face for the shared slow path.
@@ -61,7 +82,31 @@ fn local_opt() -> Option<&'static Local> {
 /// 0: no key yet; 1: being created; 2 + key: ready.
 static KEY: AtomicU32 = AtomicU32::new(0);
 
+/// A `uint64_t *` into this thread's jemalloc state, valid for the thread's life.
+fn counter(name: &std::ffi::CStr) -> *const u64 {
+    let mut p: *const u64 = std::ptr::null();
+    let mut len = std::mem::size_of::<*const u64>();
+    // SAFETY: `name` is one of jemalloc's `thread.*allocatedp` controls, which yield
+    // such a pointer; `p` and `len` describe a buffer for it.
+    let rc = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            (&mut p as *mut *const u64).cast(),
+            &mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if rc == 0 {
+        p
+    } else {
+        std::ptr::null()
+    }
+}
+
 fn register_exit() -> bool {
+    slot().allocated.set(counter(c"thread.allocatedp"));
+    slot().deallocated.set(counter(c"thread.deallocatedp"));
     let key = match KEY.load(Acquire) {
         k if k >= 2 => k - 2,
         _ => match create_key() {

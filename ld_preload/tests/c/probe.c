@@ -170,13 +170,23 @@ static void forks(void) {
     free(keep);
 }
 
+/* A key created after the preload's: its destructor runs after the preload's exit
+ * flush, and allocates and frees then. */
+static pthread_key_t late_key;
+static void late_destructor(void *p) {
+    free(p);                       /* memory from the thread's life */
+    void *q = malloc(5000);        /* and a fresh block, after the flush */
+    free(q);
+}
 static void *short_life(void *arg) {
     (void)arg;
     void *a = malloc(1000), *b = malloc(100000);
     free(a);
+    pthread_setspecific(late_key, malloc(777));
     return b; /* freed by the joiner */
 }
 static void storm(void) {
+    CHECK(pthread_key_create(&late_key, late_destructor) == 0);
     warm_thread_cache(40);
     unsigned long long before = native();
     for (int round = 0; round < 50; round++) {
