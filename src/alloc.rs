@@ -59,34 +59,33 @@ fn credit(bytes: usize) {
     }
 }
 
+/// Charges `size`, then lets `take` allocate; gives the charge back if it fails.
+#[inline(always)]
+fn charged(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if !charge(size) {
+        return std::ptr::null_mut();
+    }
+    let p = take();
+    if p.is_null() {
+        credit(size);
+    }
+    p
+}
+
 // SAFETY: every method forwards to `inner` with the caller's arguments unchanged, so
 // `inner`'s GlobalAlloc guarantees carry over; the accounting around the calls never
 // touches the memory and never unwinds (the slow path catches callback panics).
 unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if !charge(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: the caller upholds `alloc`'s contract for `layout`.
-        let p = unsafe { self.inner.alloc(layout) };
-        if p.is_null() {
-            credit(layout.size());
-        }
-        p
+        charged(layout.size(), || unsafe { self.inner.alloc(layout) })
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if !charge(layout.size()) {
-            return std::ptr::null_mut();
-        }
         // SAFETY: the caller upholds `alloc_zeroed`'s contract for `layout`.
-        let p = unsafe { self.inner.alloc_zeroed(layout) };
-        if p.is_null() {
-            credit(layout.size());
-        }
-        p
+        charged(layout.size(), || unsafe { self.inner.alloc_zeroed(layout) })
     }
 
     #[inline]

@@ -88,12 +88,17 @@ fn alloc(n: size_t) -> *mut c_void {
 /// `malloc`, charging the usable size of `n` before memory is taken.
 #[cold]
 fn charge_first(n: size_t) -> *mut c_void {
-    let size = usable(n);
+    // SAFETY: plain jemalloc malloc.
+    charged(usable(n), || unsafe { jem::malloc(n) })
+}
+
+/// Charges `size` usable bytes (0: too large to allocate), then lets `take` allocate;
+/// gives the charge back if jemalloc fails.
+fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
     if size == 0 || !charge(size) {
         return enomem();
     }
-    // SAFETY: plain jemalloc malloc.
-    let p = unsafe { jem::malloc(n) };
+    let p = take();
     if p.is_null() {
         credit(size);
         return enomem();
@@ -107,16 +112,8 @@ fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
     let n = n.max(1);
     // SAFETY: nallocx has no preconditions.
     let size = unsafe { jem::nallocx(n, flags) };
-    if size == 0 || !charge(size) {
-        return enomem();
-    }
     // SAFETY: n >= 1 and flags encode a power-of-two alignment.
-    let p = unsafe { jem::mallocx(n, flags) };
-    if p.is_null() {
-        credit(size);
-        return enomem();
-    }
-    p
+    charged(size, || unsafe { jem::mallocx(n, flags) })
 }
 
 /// `free`: the size is what jemalloc's per-thread total of freed bytes moved by,
@@ -186,17 +183,8 @@ fn zeroed(count: size_t, size: size_t) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else {
         return enomem();
     };
-    let bytes = usable(total);
-    if bytes == 0 || !charge(bytes) {
-        return enomem();
-    }
     // SAFETY: plain jemalloc calloc of a product that does not overflow.
-    let p = unsafe { jem::calloc(count, size) };
-    if p.is_null() {
-        credit(bytes);
-        return enomem();
-    }
-    p
+    charged(usable(total), || unsafe { jem::calloc(count, size) })
 }
 
 /// glibc's `memalign`: an alignment that is not a power of two is rounded up.
