@@ -7,7 +7,13 @@
 //! Error bound: after every operation `|delta| < slack`, so the process total differs
 //! from the true sum of live allocation sizes by less than the sum of the live
 //! threads' slacks, [`error_bound`], itself at most `live_threads() * threshold`.
-//! A thread picks up a new threshold at its next flush. The threshold is
+//! A thread picks up a new threshold at its next flush.
+//!
+//! Over the limit: a flush adds the pending delta unconditionally (that memory is
+//! already taken), then admits the new request against the limit. So the flushed
+//! total may pass the limit by less than a slack, and the fast path may add less than
+//! a slack more before the next check: native plus heap stays under the limit plus
+//! twice the sum of the slacks (twice the error bound). The threshold is
 //! `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser than ClickHouse's
 //! `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a 256th of its limit.
 //!
