@@ -6,7 +6,7 @@ use crate::host;
 use std::time::Duration;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 7] = [
+pub const ENV_VARS: [(&str, &str); 8] = [
     (LIMIT_VAR, LIMIT_FORMS),
     (SOFT_VAR, SOFT_FORMS),
     (ON_OOM_VAR, ON_OOM_FORMS),
@@ -14,6 +14,7 @@ pub const ENV_VARS: [(&str, &str); 7] = [
     (WAIT_VAR, DURATION_FORMS),
     (INTERVAL_VAR, DURATION_FORMS),
     (REFUSE_MIN_VAR, SIZE_FORMS),
+    (METRICS_VAR, METRICS_FORMS),
 ];
 
 const LIMIT_VAR: &str = "MEMQUOTA_LIMIT";
@@ -30,6 +31,8 @@ const INTERVAL_VAR: &str = "MEMQUOTA_RECLAIM_INTERVAL";
 /// The variable that sets the smallest request that may be refused.
 pub const REFUSE_MIN_VAR: &str = "MEMQUOTA_REFUSE_MIN";
 const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m)";
+const METRICS_VAR: &str = "MEMQUOTA_METRICS_ADDR";
+const METRICS_FORMS: &str = "an address to serve /metrics on, like 127.0.0.1:9464";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
 
 /// Where the budget's size comes from.
@@ -77,6 +80,7 @@ pub struct Config {
     reclaim_wait: Duration,
     reclaim_interval: Duration,
     refuse_min: u64,
+    metrics_addr: Option<String>,
 }
 
 impl Default for Config {
@@ -98,6 +102,7 @@ impl Config {
             reclaim_wait: Duration::from_secs(5),
             reclaim_interval: Duration::from_millis(10),
             refuse_min: 0,
+            metrics_addr: None,
         }
     }
 
@@ -156,6 +161,9 @@ impl Config {
         if let Some(n) = read(&get, REFUSE_MIN_VAR, SIZE_FORMS, parse_size)? {
             c.refuse_min = n;
         }
+        c.metrics_addr = read(&get, METRICS_VAR, METRICS_FORMS, |s| {
+            s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
+        })?;
         Ok(c)
     }
 
@@ -208,6 +216,18 @@ impl Config {
     pub fn refuse_min(mut self, bytes: u64) -> Config {
         self.refuse_min = bytes;
         self
+    }
+
+    /// Serve `GET /metrics` and `GET /stats.json` on this address once
+    /// [`init`](crate::init) runs (`127.0.0.1:9464`; loopback unless you say otherwise).
+    pub fn metrics_addr(mut self, addr: &str) -> Config {
+        self.metrics_addr = Some(addr.to_owned());
+        self
+    }
+
+    /// The metrics address, if any.
+    pub fn metrics_addr_setting(&self) -> Option<&str> {
+        self.metrics_addr.as_deref()
     }
 
     /// The smallest request that may be refused.

@@ -62,7 +62,8 @@ static RECLAIM: AtomicPtr<Box<ReclaimFn>> = AtomicPtr::new(std::ptr::null_mut())
 static WORKER_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Configures the budget, overriding what was read from `MEMQUOTA_*` on first use.
-/// May be called again to change it.
+/// May be called again to change it. Starts the metrics endpoint if the
+/// configuration names an address (once per process).
 ///
 /// # Errors
 /// [`Error::BadConfig`](crate::Error::BadConfig) for out-of-range values; nothing is
@@ -80,8 +81,18 @@ pub fn init(config: Config) -> Result<()> {
     }
     apply(&config, limit);
     SETTINGS.state.store(READY, Release);
+    if let Some(addr) = config.metrics_addr_setting() {
+        if !METRICS_STARTED.swap(true, AcqRel) {
+            if let Err(e) = crate::endpoint::serve_metrics(addr) {
+                METRICS_STARTED.store(false, Release);
+                return Err(e);
+            }
+        }
+    }
     Ok(())
 }
+
+static METRICS_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Changes only the limit, keeping the soft ratio as a fraction of it.
 pub fn set_limit(bytes: u64) {
@@ -219,6 +230,15 @@ pub unsafe fn after_fork_child(face: &'static Face) {
     }
     WORKER_STARTED.store(false, Relaxed);
     ledger::after_fork_child((face.local)());
+}
+
+/// Exempts the calling thread from the policy for the rest of its life: its
+/// allocations are charged but never refused and never wait for a reclaim. For
+/// memquota's own service threads.
+pub(crate) fn exempt_this_thread() {
+    if let Some(l) = (face().local)() {
+        std::mem::forget(ledger::enter(l));
+    }
 }
 
 /// Unregisters the reclaim callback.

@@ -23,6 +23,8 @@ mod sync;
 #[cfg(not(loom))]
 mod alloc;
 #[cfg(not(loom))]
+mod endpoint;
+#[cfg(not(loom))]
 mod engine;
 #[cfg(not(loom))]
 mod export;
@@ -59,6 +61,7 @@ pub use tikv_jemallocator::Jemalloc;
 #[cfg(not(loom))]
 pub use {
     alloc::QuotaAlloc,
+    endpoint::{serve_metrics, DEFAULT_METRICS_ADDR},
     engine::{clear_reclaim, init, on_reclaim, set_limit, stats, ReclaimFn},
     export::{write_json, write_prometheus, SliceWriter},
     heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},

@@ -119,7 +119,13 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert!(memquota::thread_pending().unsigned_abs() < slack);
         match refused_for {
             // Refused only when the request really did not fit (no reclaim here).
-            Some(n) => prop_assert!(base + before + n > limit, "refused {} with {} of {} used", n, base + before, limit),
+            Some(n) => prop_assert!(
+                base + before + n > limit,
+                "refused {} with {} of {} used",
+                n,
+                base + before,
+                limit
+            ),
             None => prop_assert!(
                 base + model < ceiling + 2 * slack || model <= before,
                 "{} granted over {} (limit {}, flushed {}, pending {}, slack {})",

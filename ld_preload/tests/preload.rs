@@ -306,3 +306,47 @@ fn java_version_runs() {
     assert_ok(&under, "java -version");
     assert_eq!(text(&under.stderr), text(&plain.stderr));
 }
+
+#[test]
+fn metrics_endpoint_is_scraped_from_another_process() {
+    // A free loopback port (released just before the child binds it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let stop = std::env::temp_dir().join(format!("memquota-serve-stop-{}", std::process::id()));
+    let _ = std::fs::remove_file(&stop);
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", lib().display()));
+    cmd.arg(format!("MEMQUOTA_METRICS_ADDR={addr}")).arg("MEMQUOTA_LIMIT=1g");
+    cmd.arg(&built().probe).arg("serve").arg(&stop);
+    let child =
+        cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let response = loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
+            use std::io::{Read, Write};
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            break out;
+        }
+        assert!(std::time::Instant::now() < deadline, "the endpoint never came up");
+        std::thread::yield_now();
+    };
+    std::fs::write(&stop, b"").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_file(&stop);
+    assert_ok(&out, "serve");
+    assert!(response.starts_with("HTTP/1.0 200 OK"), "{response}");
+    let body = response.split_once("\r\n\r\n").unwrap().1;
+    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let get = |name: &str| {
+        scrape.samples.iter().find(|s| s.metric == name).map(|s| match s.value {
+            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
+            _ => f64::NAN,
+        })
+    };
+    assert_eq!(get("memquota_limit_bytes"), Some((1u64 << 30) as f64));
+    assert!(get("memquota_native_peak_bytes").unwrap() > 0.0);
+    assert!(get("memquota_process_rss_bytes").unwrap() > 0.0);
+}

@@ -234,6 +234,19 @@ static void dl(const char *lib) {
     printf("dlopen ok\n");
 }
 
+/* Allocates and frees until `stop` exists (at most 60 s), so that another process
+ * can scrape the metrics endpoint meanwhile. */
+static void serve(const char *stop) {
+    for (int i = 0; i < 60000; i++) {
+        void *p[64];
+        for (int k = 0; k < 64; k++) p[k] = malloc(1000 + k * 100);
+        for (int k = 0; k < 64; k++) free(p[k]);
+        if (access(stop, F_OK) == 0) { printf("stopped\n"); return; }
+        usleep(1000); /* pace the loop; the stop file is the synchronisation */
+    }
+    CHECK(!"never told to stop");
+}
+
 int main(int argc, char **argv) {
     CHECK(argc >= 2);
     if (!strcmp(argv[1], "entry")) entry();
@@ -242,6 +255,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "storm")) storm();
     else if (!strcmp(argv[1], "oom")) oom();
     else if (!strcmp(argv[1], "dlopen")) dl(argv[2]);
+    else if (!strcmp(argv[1], "serve")) serve(argv[2]);
     else return 4;
     return 0;
 }
