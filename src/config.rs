@@ -230,6 +230,12 @@ impl Config {
         self.metrics_addr.as_deref()
     }
 
+    /// Takes the metrics address out, so [`init`](crate::init) does not start the
+    /// endpoint and the caller can start it with its own error handling.
+    pub fn take_metrics_addr(&mut self) -> Option<String> {
+        self.metrics_addr.take()
+    }
+
     /// The smallest request that may be refused.
     pub fn refuse_min_setting(&self) -> u64 {
         self.refuse_min

@@ -39,7 +39,18 @@ extern "C" fn on_load() {
     if std::env::var_os(memquota_core::REFUSE_MIN_VAR).is_none() {
         config = config.refuse_min(DEFAULT_REFUSE_MIN);
     }
+    let metrics = config.take_metrics_addr();
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
+    if let Some(addr) = metrics {
+        // Children inherit the variable with LD_PRELOAD, and the first process holds
+        // the port: a failed bind is a warning, not a reason to stop the program.
+        if let Err(e) = memquota_core::serve_metrics(&addr) {
+            memquota_core::write_stderr(&format!(
+                "{e}; metrics endpoint not started in pid {}\n",
+                std::process::id()
+            ));
+        }
+    }
     let settings = read_settings().unwrap_or_else(|e| fail(&e));
     // SAFETY: registering plain extern "C" handlers.
     unsafe {

@@ -1,0 +1,76 @@
+//! `memquota`: run a program under the memquota budget (libmemquota.so) and watch it,
+//! or read a snapshot of a budget from a stats file or a metrics endpoint.
+//!
+//! Exit status: `run` passes the program's on (its code, or its signal); memquota's
+//! own failures (bad flags, no preload, nothing to read) exit with 2, a program that
+//! cannot be started with 127 (not found) or 126.
+
+mod fetch;
+mod plot;
+mod run;
+mod snapshot;
+mod units;
+
+use clap::{Parser, Subcommand};
+use std::io::Write;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "memquota",
+    version,
+    about = "One memory budget for a process: run a program under it, watch it, plot it"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a program under libmemquota.so: a live status line, a summary at the end,
+    /// an optional SVG timeline; its exit status (or signal) passed through.
+    #[command(
+        override_usage = "memquota run [OPTIONS] -- CMD [ARGS]...",
+        after_help = "Example: memquota run --limit 2g --plot timeline.svg -- java -jar app.jar"
+    )]
+    Run(run::RunArgs),
+    /// Print a snapshot of the budget from a stats file (MEMQUOTA_STATS_FILE) or a
+    /// metrics endpoint (MEMQUOTA_METRICS_ADDR, such as 127.0.0.1:9464).
+    Stat {
+        /// A stats file, or an endpoint: HOST:PORT or http://HOST:PORT[/PATH].
+        #[arg(value_name = "FILE|ADDR")]
+        source: String,
+    },
+}
+
+/// A failure of memquota itself, with the exit code it ends with.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: i32,
+    pub message: String,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure { code: 2, message }
+    }
+}
+
+fn stat(source: &str) -> Result<(), Failure> {
+    let text = fetch::read(source)?;
+    let snapshot = snapshot::Snapshot::parse(&text).map_err(|e| format!("{source}: {e}"))?;
+    let out = format!("memquota stats from {source}\n{}", snapshot.table());
+    let _ = std::io::stdout().write_all(out.as_bytes());
+    Ok(())
+}
+
+fn main() {
+    let result = match Cli::parse().command {
+        Cmd::Run(args) => run::run(args).map(|status| run::pass_through(status)),
+        Cmd::Stat { source } => stat(&source),
+    };
+    if let Err(Failure { code, message }) = result {
+        let _ = writeln!(std::io::stderr(), "memquota: {message}");
+        std::process::exit(code);
+    }
+}
