@@ -333,7 +333,9 @@ fn parse_ratio(s: &str) -> Option<f64> {
     (r > 0.0 && r <= 1.0).then_some(r)
 }
 
-fn parse_duration(s: &str) -> Option<Duration> {
+/// Parses `250ms`, `2s`, or a bare number of milliseconds.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
     let (num, scale_ms) = match s.strip_suffix("ms") {
         Some(n) => (n, 1),
         None => match s.strip_suffix('s') {

@@ -52,7 +52,9 @@ pub mod face {
     pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
 }
 
-pub use config::{parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS, REFUSE_MIN_VAR};
+pub use config::{
+    parse_duration, parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS, REFUSE_MIN_VAR,
+};
 pub use error::{Error, Result};
 pub use gc::{ReclaimKind, ReclaimRecord, Throttle};
 pub use host::{cgroup_limit, memory_limit, physical_ram, process_rss};

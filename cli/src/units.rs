@@ -2,55 +2,23 @@
 
 use std::time::Duration;
 
-/// Checks a `--limit` the way the preload reads `MEMQUOTA_LIMIT` (memquota's
-/// `parse_limit`): bytes, `512k`, `512m`, `8g`, `1t` (binary units, optional `b`/`ib`,
-/// any case), or a percentage of the machine in (0, 100]. Returns the text unchanged,
-/// for the preload to read.
+/// Checks a `--limit` with the core's `parse_limit`, the parser `MEMQUOTA_LIMIT` goes
+/// through. Returns the text unchanged, for the preload to read.
 pub fn parse_limit(s: &str) -> Result<String, String> {
-    let ok = match s.trim().strip_suffix('%') {
-        Some(p) => p.trim().parse::<f64>().is_ok_and(|p| p > 0.0 && p <= 100.0),
-        None => parse_size(s).is_some_and(|b| b > 0),
-    };
-    if ok {
-        Ok(s.trim().to_string())
-    } else {
-        Err("expected a size above zero (512m, 2g, 1073741824) or a percentage of RAM (75%)".into())
+    match memquota_core::parse_limit(s.trim()) {
+        Some(_) => Ok(s.trim().to_string()),
+        None => Err("expected a size above zero (512m, 2g, 1073741824) or a percentage of RAM (75%)".into()),
     }
-}
-
-/// Digits, then an optional binary unit: `k`, `m`, `g`, `t`, with an optional `b` or `ib`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim().to_ascii_lowercase();
-    let digits_end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(digits_end);
-    let num: u64 = num.parse().ok()?;
-    let unit = unit.trim();
-    let unit = unit.strip_suffix("ib").or_else(|| unit.strip_suffix('b')).unwrap_or(unit);
-    let shift = match unit {
-        "" => 0,
-        "k" => 10,
-        "m" => 20,
-        "g" => 30,
-        "t" => 40,
-        _ => return None,
-    };
-    num.checked_mul(1u64 << shift)
 }
 
 /// The least interval the preload accepts for `MEMQUOTA_STATS_INTERVAL`.
 pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
-/// `250ms` or `2s`, at least 10ms. The unit is required: the preload reads a bare
-/// number as seconds and the Rust configuration as milliseconds.
+/// `250ms`, `2s` or bare milliseconds (the core's `parse_duration`), at least 10ms.
 pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let ms = match s.strip_suffix("ms") {
-        Some(n) => n.trim().parse::<u64>().ok(),
-        None => s.strip_suffix('s').and_then(|n| n.trim().parse::<u64>().ok()?.checked_mul(1000)),
-    };
-    match ms.map(Duration::from_millis) {
+    match memquota_core::parse_duration(s) {
         Some(d) if d >= MIN_INTERVAL => Ok(d),
-        _ => Err("expected a duration of at least 10ms, with its unit (100ms, 2s)".into()),
+        _ => Err("expected a duration of at least 10ms (100ms, 2s)".into()),
     }
 }
 
@@ -86,8 +54,6 @@ mod tests {
         for bad in ["", "0", "0g", "lots", "2x", "-1g", "0%", "101%", "%", "99999999999999t"] {
             assert!(parse_limit(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_size("4k"), Some(4096));
-        assert_eq!(parse_size("2G"), Some(2 << 30));
     }
 
     #[test]
@@ -95,7 +61,8 @@ mod tests {
         assert_eq!(parse_interval("100ms"), Ok(Duration::from_millis(100)));
         assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_interval("10ms"), Ok(MIN_INTERVAL));
-        for bad in ["9ms", "100", "0s", "fast", "1.5s", "ms"] {
+        assert_eq!(parse_interval("250"), Ok(Duration::from_millis(250)), "bare milliseconds");
+        for bad in ["9ms", "0s", "fast", "1.5s", "ms"] {
             assert!(parse_interval(bad).is_err(), "{bad}");
         }
     }

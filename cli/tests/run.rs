@@ -440,7 +440,7 @@ fn bad_flags_and_a_missing_preload_exit_2_without_running_anything() {
         (vec!["run", "--limit", "lots", "--"], &["--limit", "lots", "75%"]),
         (vec!["run", "--limit", "0", "--"], &["--limit", "above zero"]),
         (vec!["run", "--interval", "5ms", "--"], &["--interval", "at least 10ms"]),
-        (vec!["run", "--interval", "100", "--"], &["--interval", "unit"]),
+        (vec!["run", "--interval", "fast", "--"], &["--interval", "fast"]),
         (vec!["run", "--bogus", "--"], &["--bogus"]),
         (vec!["run", "--limit", "1g"], &["<CMD>"]),
         (vec!["frobnicate"], &["frobnicate"]),

@@ -79,7 +79,7 @@ fn read_settings() -> Result<Settings, String> {
     let interval = match std::env::var(STATS_INTERVAL) {
         Err(_) => Duration::from_secs(1),
         Ok(v) => parse_interval(&v).ok_or_else(|| {
-            format!("memquota: bad {STATS_INTERVAL}={v:?}: expected a duration (500ms, 2s) of at least 10ms")
+            format!("memquota: bad {STATS_INTERVAL}={v:?}: expected a duration (500ms, 2s, or bare milliseconds) of at least 10ms")
         })?,
     };
     let report_at_exit = match std::env::var(REPORT).as_deref() {
@@ -91,12 +91,7 @@ fn read_settings() -> Result<Settings, String> {
 }
 
 fn parse_interval(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    let ms: u64 = match v.strip_suffix("ms") {
-        Some(n) => n.trim().parse().ok()?,
-        None => v.strip_suffix('s').unwrap_or(v).trim().parse::<u64>().ok()?.checked_mul(1000)?,
-    };
-    (ms >= 10).then(|| Duration::from_millis(ms))
+    memquota_core::parse_duration(v).filter(|d| *d >= Duration::from_millis(10))
 }
 
 /// Writes the Prometheus text to `path` atomically: a temporary file, then a rename.
