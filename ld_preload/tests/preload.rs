@@ -350,3 +350,16 @@ fn metrics_endpoint_is_scraped_from_another_process() {
     assert!(get("memquota_native_peak_bytes").unwrap() > 0.0);
     assert!(get("memquota_process_rss_bytes").unwrap() > 0.0);
 }
+
+#[test]
+fn a_taken_metrics_port_warns_and_the_program_runs() {
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = holder.local_addr().unwrap().to_string();
+    let out = probe(&["entry"], &[("MEMQUOTA_METRICS_ADDR", &addr)]);
+    assert_ok(&out, "entry with a taken port");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("metrics endpoint not started") && stderr.contains(&addr), "{stderr}");
+    let out = probe(&["entry"], &[("MEMQUOTA_METRICS_ADDR", "not-an-address")]);
+    assert_eq!(out.status.code(), Some(2), "a malformed address is a configuration error");
+    assert!(text(&out.stderr).contains("MEMQUOTA_METRICS_ADDR"));
+}
