@@ -44,10 +44,16 @@ extern "C" fn on_load() {
     if let Some(addr) = metrics {
         // Children inherit the variable with LD_PRELOAD, and the first process holds
         // the port: a failed bind is a warning, not a reason to stop the program.
+        // (The variable stays: a wrapper that execs the real program, keeping its
+        // pid, must hand the endpoint on.)
         if let Err(e) = memquota_core::serve_metrics(&addr) {
+            let why = match e {
+                memquota_core::Error::BadConfig { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            let pid = std::process::id();
             memquota_core::write_stderr(&format!(
-                "{e}; metrics endpoint not started in pid {}\n",
-                std::process::id()
+                "memquota: metrics endpoint not started in pid {pid}: {why}\n"
             ));
         }
     }
