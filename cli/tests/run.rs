@@ -127,16 +127,7 @@ fn run_passes_a_normal_exit_through_with_a_summary() {
 fn run_shows_a_refusal_and_passes_its_exit_code() {
     let dir = scratch("refusal");
     let stats = dir.join("stats.prom");
-    let out = memquota(&[
-        "run",
-        "--limit",
-        "64m",
-        "--stats-file",
-        stats.to_str().unwrap(),
-        "--",
-        workload(),
-        "refuse",
-    ]);
+    let out = run_refusing(&stats);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     // The program's own choice when malloc says NULL: 42.
     assert_eq!(out.status.code(), Some(42), "{stdout}{stderr}");
@@ -348,19 +339,16 @@ fn status_line_on_a_terminal_only() {
     assert!(!screen[summary..].contains("memquota: native "), "{screen:?}");
 }
 
+/// `memquota run --limit 64m` on a program that asks for 256 MiB and exits 42 when
+/// malloc says NULL.
+fn run_refusing(stats: &Path) -> std::process::Output {
+    memquota(&["run", "--limit", "64m", "--stats-file", stats.to_str().unwrap(), "--", workload(), "refuse"])
+}
+
 /// The text of a stats file from a real run: limit 64 MiB, one refusal.
 fn real_stats_file(dir: &Path) -> PathBuf {
     let stats = dir.join("stats.prom");
-    let out = memquota(&[
-        "run",
-        "--limit",
-        "64m",
-        "--stats-file",
-        stats.to_str().unwrap(),
-        "--",
-        workload(),
-        "refuse",
-    ]);
+    let out = run_refusing(&stats);
     assert_eq!(out.status.code(), Some(42), "{}", text(&out.stderr));
     stats
 }
