@@ -60,6 +60,7 @@ static FACE: AtomicPtr<Face> = AtomicPtr::new(&RUST_FACE as *const Face as *mut 
 /// previous callback when a new one is installed.
 static RECLAIM: AtomicPtr<Box<ReclaimFn>> = AtomicPtr::new(std::ptr::null_mut());
 static WORKER_STARTED: AtomicBool = AtomicBool::new(false);
+static METRICS_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Configures the budget, overriding what was read from `MEMQUOTA_*` on first use.
 /// May be called again to change it. Starts the metrics endpoint if the
@@ -92,13 +93,15 @@ pub fn init(config: Config) -> Result<()> {
     Ok(())
 }
 
-static METRICS_STARTED: AtomicBool = AtomicBool::new(false);
-
 /// Changes only the limit, keeping the soft ratio as a fraction of it.
 pub fn set_limit(bytes: u64) {
     ensure_configured();
     let old = quota();
-    let ratio = if old.limit == i64::MAX { 0.85 } else { old.soft as f64 / old.limit as f64 };
+    let ratio = if old.limit == i64::MAX {
+        Config::new().soft_ratio_setting()
+    } else {
+        old.soft as f64 / old.limit as f64
+    };
     let q = Quota::new(bytes, ratio);
     store_quota(q);
 }

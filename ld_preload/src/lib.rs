@@ -5,9 +5,11 @@
 //! `memquota_*` C ABI of `include/memquota.h`. The quota engine is the `memquota`
 //! library's; this crate only translates.
 //!
-//! Accounting is in jemalloc's usable sizes: `malloc(n)` charges the size class of
-//! `n` (computed, checked against `nallocx` at load), `free(p)` credits
-//! `sallocx(p)` and hands the size to `sdallocx`, so jemalloc skips its own lookup.
+//! Accounting is in jemalloc's usable sizes, read from jemalloc's own per-thread
+//! totals of bytes allocated and freed around each call: `free(p)` and `malloc(n)`
+//! under 4 KiB cost no size lookup. Larger requests are charged before memory is
+//! taken, with the size class computed (checked against `nallocx` at load) or asked
+//! of `nallocx`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod capi;
