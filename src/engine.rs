@@ -37,6 +37,8 @@ struct Settings {
     wait_ms: AtomicU64,
     interval_ms: AtomicU64,
     refuse_min: AtomicU64,
+    /// [`Enforcement::Allocations`] when true.
+    police_allocations: AtomicBool,
 }
 
 static SETTINGS: Settings = Settings {
@@ -48,6 +50,7 @@ static SETTINGS: Settings = Settings {
     wait_ms: AtomicU64::new(5000),
     interval_ms: AtomicU64::new(10),
     refuse_min: AtomicU64::new(0),
+    police_allocations: AtomicBool::new(true),
 };
 
 static COORDINATOR: Coordinator = Coordinator::new();
@@ -244,6 +247,46 @@ pub(crate) fn exempt_this_thread() {
     }
 }
 
+/// Where the budget is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Every allocation may wait for a reclaim and be refused (the default).
+    Allocations,
+    /// Allocations are only counted (and ask for a background reclaim under
+    /// pressure); only explicit gates, [`make_room`], wait and refuse. For a process
+    /// whose own threads die on a failed malloc, a JVM: its gate is
+    /// `Unsafe.allocateMemory`, whose callers handle the refusal.
+    Gates,
+}
+
+/// Chooses where the budget is enforced.
+pub fn set_enforcement(e: Enforcement) {
+    SETTINGS.police_allocations.store(e == Enforcement::Allocations, Relaxed);
+}
+
+/// A gate: waits for reclaims until `bytes` more would fit the budget, without
+/// charging them (the allocation that follows is charged as usual). Returns false,
+/// with an OOM report written, if they will not fit. Flushes the calling thread's
+/// delta first. Call it only where waiting is safe: never with a lock held that a
+/// reclaim needs (in a JVM, from a thread in native state, never in VM state).
+pub fn make_room(face: &'static Face, bytes: u64) -> bool {
+    let Some(l) = (face.local)() else { return true };
+    let Some(_busy) = ledger::enter(l) else { return true };
+    if face.configure_from_env {
+        ensure_configured();
+    }
+    ACCOUNT.add(ledger::settle(l, face));
+    let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+    police(l, face, bytes, |ceiling| {
+        let native = ACCOUNT.native();
+        if native.saturating_add(bytes) <= ceiling {
+            Ok(native.saturating_add(bytes))
+        } else {
+            Err(native)
+        }
+    })
+}
+
 /// Unregisters the reclaim callback.
 pub fn clear_reclaim() {
     RECLAIM.store(std::ptr::null_mut(), Release);
@@ -269,13 +312,40 @@ pub fn flush_thread(face: &'static Face) {
 }
 
 fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
+    if !SETTINGS.police_allocations.load(Relaxed) {
+        count_only(bytes);
+        return true;
+    }
+    police(l, face, bytes, |ceiling| ACCOUNT.try_add(bytes, ceiling))
+}
+
+/// [`Enforcement::Gates`]: the allocation is taken; under pressure a background
+/// reclaim is asked for, and a grant past the limit is counted as an over-commit.
+fn count_only(bytes: i64) {
+    let quota = quota();
+    let heap = heap_probe::read().counted(heap_mode());
+    let native = ACCOUNT.add(bytes);
+    match quota.pressure(native, heap) {
+        Pressure::Low => {}
+        Pressure::Soft => request_background(Quota::excess(native, heap, quota.soft)),
+        Pressure::Hard => {
+            OVERCOMMITS.fetch_add(1, Relaxed);
+            request_background(Quota::excess(native, heap, quota.soft));
+        }
+    }
+}
+
+/// The policy: admits `bytes` through `take(ceiling)` (which takes them, or only
+/// checks that they fit: `Ok(new total)` or `Err(total that left no room)`), running
+/// synchronous reclaims while they help, and refuses with a report otherwise.
+fn police(l: &Local, face: &Face, bytes: i64, take: impl Fn(i64) -> std::result::Result<i64, i64>) -> bool {
     let quota = quota();
     let mode = heap_mode();
     let mut throttle = None;
     let mut round = 0;
     loop {
         let heap = heap_probe::read().counted(mode);
-        let native = match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
+        let native = match take(quota.native_ceiling(heap)) {
             Ok(native) => {
                 if quota.pressure(native, heap) == Pressure::Soft {
                     request_background(Quota::excess(native, heap, quota.soft));
@@ -288,7 +358,7 @@ fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
         // threads that make them (a JVM's, C++ code) die on a failed malloc. It never
         // waits for a reclaim either; it asks for one in the background.
         if (bytes as u64) < SETTINGS.refuse_min.load(Relaxed) {
-            if let Ok(native) = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap)) {
+            if let Ok(native) = take(quota.overcommit_ceiling(heap)) {
                 OVERCOMMITS.fetch_add(1, Relaxed);
                 request_background(Quota::excess(native, heap, quota.soft));
                 return true;

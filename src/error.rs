@@ -22,6 +22,8 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The JVM could not be reached or driven (feature `jvm`).
+    Jvm(String),
 }
 
 impl fmt::Display for Error {
@@ -31,6 +33,7 @@ impl fmt::Display for Error {
                 write!(f, "memquota: bad {var}={value:?}: expected {accepted}")
             }
             Error::BadConfig { setting, reason } => write!(f, "memquota: bad {setting}: {reason}"),
+            Error::Jvm(why) => write!(f, "memquota: JVM: {why}"),
         }
     }
 }

@@ -7,6 +7,8 @@
 //!   Python extension), which otherwise fails to load with "cannot allocate memory
 //!   in static TLS block". Leave it off for executables and for the `LD_PRELOAD`
 //!   library.
+//! * `jvm`: [`jvm::install`] counts a JVM's heap in the budget and makes its GC the
+//!   reclaim, for a Rust library loaded into a JVM (call it from `JNI_OnLoad`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 // Under loom only the pure parts are built, and not all of them are exercised.
@@ -30,6 +32,8 @@ mod engine;
 mod export;
 #[cfg(not(loom))]
 mod heap_probe;
+#[cfg(all(feature = "jvm", not(loom)))]
+pub mod jvm;
 #[cfg(not(loom))]
 mod ledger;
 #[cfg(not(loom))]
@@ -48,7 +52,7 @@ mod loom_tests;
 /// [`face::charge_slow`] when they say no.
 #[cfg(not(loom))]
 pub mod face {
-    pub use crate::engine::{after_fork_child, charge_slow, flush_thread, record};
+    pub use crate::engine::{after_fork_child, charge_slow, flush_thread, make_room, record};
     pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
 }
 
@@ -64,7 +68,7 @@ pub use tikv_jemallocator::Jemalloc;
 pub use {
     alloc::QuotaAlloc,
     endpoint::{serve_metrics, DEFAULT_METRICS_ADDR},
-    engine::{clear_reclaim, init, on_reclaim, set_limit, stats, ReclaimFn},
+    engine::{clear_reclaim, init, on_reclaim, set_enforcement, set_limit, stats, Enforcement, ReclaimFn},
     export::{write_json, write_prometheus, SliceWriter},
     heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},
     ledger::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},

@@ -4,6 +4,8 @@
 use crate::tls::FACE;
 use memquota_core::{face, Config, Stats};
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The preload's default `MEMQUOTA_REFUSE_MIN`: smaller requests are never refused
@@ -24,8 +26,14 @@ struct Settings {
     report_at_exit: bool,
 }
 
-static mut SETTINGS: Settings =
-    Settings { stats_file: None, interval: Duration::from_secs(1), report_at_exit: false };
+/// The stats file's path: from `MEMQUOTA_STATS_FILE`, replaced by the agent's
+/// `stats_file=` option.
+static STATS_PATH: Mutex<Option<String>> = Mutex::new(None);
+/// Nanoseconds between two writes of the stats file.
+static INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
+static REPORT_AT_EXIT: AtomicBool = AtomicBool::new(false);
+static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
+static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 fn fail(message: &str) -> ! {
     memquota_core::write_stderr(&format!("{message}\n"));
@@ -33,12 +41,19 @@ fn fail(message: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
+/// The preload's defaults where the configuration leaves a setting unsaid.
+pub(crate) fn with_preload_defaults(config: Config) -> Config {
+    if std::env::var_os(memquota_core::REFUSE_MIN_VAR).is_none() && config.refuse_min_setting() == 0 {
+        config.refuse_min(DEFAULT_REFUSE_MIN)
+    } else {
+        config
+    }
+}
+
 extern "C" fn on_load() {
     crate::size_class::self_check();
-    let mut config = Config::from_env().unwrap_or_else(|e| fail(&e.to_string()));
-    if std::env::var_os(memquota_core::REFUSE_MIN_VAR).is_none() {
-        config = config.refuse_min(DEFAULT_REFUSE_MIN);
-    }
+    let config = Config::from_env().unwrap_or_else(|e| fail(&e.to_string()));
+    let mut config = with_preload_defaults(config);
     let metrics = config.take_metrics_addr();
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
     if let Some(addr) = metrics {
@@ -62,22 +77,56 @@ extern "C" fn on_load() {
     unsafe {
         libc::pthread_atfork(None, None, Some(after_fork_child));
     }
-    if settings.stats_file.is_some() || settings.report_at_exit {
+    INTERVAL_NS.store(u64::try_from(settings.interval.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+    if settings.report_at_exit {
+        REPORT_AT_EXIT.store(true, Relaxed);
+        register_at_exit();
+    }
+    if let Some(path) = settings.stats_file {
+        write_stats_to(path);
+    }
+}
+
+/// Writes the stats to `path` every interval and at exit (replacing any earlier path).
+pub(crate) fn write_stats_to(path: String) {
+    *STATS_PATH.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+    register_at_exit();
+    if WRITER_STARTED.swap(true, AcqRel) {
+        return;
+    }
+    let _ = std::thread::Builder::new().name("memquota-stats".into()).spawn(|| {
+        let _busy = face::enter(crate::tls::local()); // charged, never refused or made to wait
+        loop {
+            // A period, not a synchronisation.
+            std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
+            write_stats_file();
+        }
+    });
+}
+
+fn register_at_exit() {
+    if !AT_EXIT_REGISTERED.swap(true, AcqRel) {
         // SAFETY: registering a plain extern "C" handler.
         unsafe { libc::atexit(at_exit) };
     }
-    let writer = settings.stats_file.clone().map(|path| (path, settings.interval));
-    // SAFETY: written once, here, before any thread of ours reads it.
-    unsafe { SETTINGS = settings };
-    if let Some((path, interval)) = writer {
-        let _ = std::thread::Builder::new().name("memquota-stats".into()).spawn(move || {
-            let _busy = face::enter(crate::tls::local()); // charged, never refused or made to wait
-            loop {
-                std::thread::sleep(interval); // a period, not a synchronisation
-                write_stats_file(&path);
-            }
-        });
+}
+
+/// The path this library was loaded from, as the dynamic linker saw it.
+pub(crate) fn own_path() -> Option<String> {
+    let mut info: libc::Dl_info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: dladdr with an address inside this library and a valid out-pointer.
+    let found = unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
     }
+    // SAFETY: dladdr returns a NUL-terminated path that lives as long as the library.
+    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+    std::fs::canonicalize(path.to_string_lossy().as_ref()).ok().map(|p| p.to_string_lossy().into_owned())
 }
 
 fn read_settings() -> Result<Settings, String> {
@@ -100,15 +149,17 @@ fn parse_interval(v: &str) -> Option<Duration> {
     memquota_core::parse_duration(v).filter(|d| *d >= Duration::from_millis(10))
 }
 
-/// Writes the Prometheus text to `path` atomically: a temporary file, then a rename.
-fn write_stats_file(path: &str) {
+/// Writes the Prometheus text to the stats file atomically: a temporary file, then a
+/// rename.
+fn write_stats_file() {
+    let Some(path) = STATS_PATH.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
     face::flush_thread(&FACE);
     let mut text = String::with_capacity(4096);
     let _ = memquota_core::write_prometheus(&mut text, &memquota_core::stats());
     let tmp = format!("{path}.tmp.{}", std::process::id());
     let ok = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
     if ok.is_ok() {
-        let _ = std::fs::rename(&tmp, path);
+        let _ = std::fs::rename(&tmp, &path);
     } else {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -116,13 +167,8 @@ fn write_stats_file(path: &str) {
 
 extern "C" fn at_exit() {
     face::flush_thread(&FACE);
-    // SAFETY: SETTINGS was written once in `on_load`, before this handler was
-    // registered; nothing writes it after.
-    let settings = unsafe { &*std::ptr::addr_of!(SETTINGS) };
-    if let Some(path) = &settings.stats_file {
-        write_stats_file(path);
-    }
-    if settings.report_at_exit {
+    write_stats_file();
+    if REPORT_AT_EXIT.load(Relaxed) {
         memquota_core::write_stderr(&summary(&memquota_core::stats()));
     }
 }

@@ -12,10 +12,13 @@
 //! of `nallocx`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod agent;
 pub mod capi;
 pub mod cxx;
 mod init;
 mod internal;
+pub mod java_api;
+mod jvm_gate;
 pub mod malloc;
 mod size_class;
 mod tls;

@@ -1,0 +1,91 @@
+//! The JVM's gate: `jdk.internal.misc.Unsafe.allocateMemory0` and
+//! `reallocateMemory0`, the natives under `ByteBuffer.allocateDirect` and
+//! `Unsafe.allocateMemory` (Spark's off-heap pages), replaced as the JVM binds them.
+//!
+//! The gate runs where waiting is safe: the thread has called a native method, so it
+//! is in native state and a GC's safepoint does not wait for it. There it waits, if
+//! need be, for the GC that makes room ([`face::make_room`]); if room cannot be made
+//! it throws `OutOfMemoryError` carrying the report, which callers of these methods
+//! handle. Then the JVM's own native runs, in VM state, and its malloc is counted
+//! like every other: under [`Enforcement::Gates`](memquota_core::Enforcement) no
+//! malloc waits or is refused, since one made in VM state could hold up a safepoint.
+
+use crate::tls::FACE;
+use jni::sys::{jlong, jobject, JNIEnv};
+use libc::c_void;
+use memquota_core::face;
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+use tikv_jemalloc_sys as jem;
+
+type Allocate = unsafe extern "system" fn(*mut JNIEnv, jobject, jlong) -> jlong;
+type Reallocate = unsafe extern "system" fn(*mut JNIEnv, jobject, jlong, jlong) -> jlong;
+
+/// The JVM's own natives, saved when the gates replaced them.
+static ALLOCATE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static REALLOCATE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The gate for `Unsafe`'s native `name`, saving `original`; `None` for methods
+/// that allocate nothing.
+pub(crate) fn gate_for(name: &str, original: *mut c_void) -> Option<*mut c_void> {
+    let (saved, gate) = match name {
+        "allocateMemory0" => (&ALLOCATE, allocate_memory0 as Allocate as *mut c_void),
+        "reallocateMemory0" => (&REALLOCATE, reallocate_memory0 as Reallocate as *mut c_void),
+        _ => return None,
+    };
+    saved.store(original, Release);
+    Some(gate)
+}
+
+/// Whether `allocateMemory0` is gated.
+pub(crate) fn installed() -> bool {
+    !ALLOCATE.load(Acquire).is_null()
+}
+
+unsafe extern "system" fn allocate_memory0(env: *mut JNIEnv, unsafe_: jobject, bytes: jlong) -> jlong {
+    if bytes > 0 && !face::make_room(&FACE, bytes as u64) {
+        // SAFETY: `env` is the calling thread's JNIEnv, passed by the JVM.
+        unsafe { throw_oom(env) };
+        return 0;
+    }
+    // SAFETY: ALLOCATE holds the JVM's native of this very signature: this gate is
+    // only bound after `gate_for` saved it.
+    let original: Allocate = unsafe { std::mem::transmute::<*mut c_void, Allocate>(ALLOCATE.load(Acquire)) };
+    // SAFETY: forwarding the JVM's own arguments to its own native.
+    unsafe { original(env, unsafe_, bytes) }
+}
+
+unsafe extern "system" fn reallocate_memory0(
+    env: *mut JNIEnv,
+    unsafe_: jobject,
+    address: jlong,
+    bytes: jlong,
+) -> jlong {
+    let old = if address == 0 {
+        0
+    } else {
+        // SAFETY: Unsafe hands back an address its allocateMemory returned: ours.
+        unsafe { jem::malloc_usable_size(address as usize as *const c_void) }
+    };
+    let growth = u64::try_from(bytes).unwrap_or(0).saturating_sub(old as u64);
+    if growth > 0 && !face::make_room(&FACE, growth) {
+        // SAFETY: as in `allocate_memory0`.
+        unsafe { throw_oom(env) };
+        return 0;
+    }
+    // SAFETY: as in `allocate_memory0`, for REALLOCATE.
+    let original: Reallocate =
+        unsafe { std::mem::transmute::<*mut c_void, Reallocate>(REALLOCATE.load(Acquire)) };
+    // SAFETY: forwarding the JVM's own arguments to its own native.
+    unsafe { original(env, unsafe_, address, bytes) }
+}
+
+/// Throws `java.lang.OutOfMemoryError` with the refusal's report as its message.
+///
+/// # Safety
+/// `env` is the calling thread's live JNIEnv.
+pub(crate) unsafe fn throw_oom(env: *mut JNIEnv) {
+    // SAFETY: the caller's contract.
+    let Ok(mut env) = (unsafe { jni::JNIEnv::from_raw(env) }) else { return };
+    let report = memquota_core::last_report().unwrap_or_else(|| "memquota: allocation refused".into());
+    let _ = env.throw_new("java/lang/OutOfMemoryError", report.trim_end());
+}
