@@ -37,6 +37,7 @@ struct Settings {
     wait_ms: AtomicU64,
     interval_ms: AtomicU64,
     refuse_min: AtomicU64,
+    background_interval_ms: AtomicU64,
     /// [`Enforcement::Allocations`] when true.
     police_allocations: AtomicBool,
 }
@@ -50,6 +51,7 @@ static SETTINGS: Settings = Settings {
     wait_ms: AtomicU64::new(5000),
     interval_ms: AtomicU64::new(10),
     refuse_min: AtomicU64::new(0),
+    background_interval_ms: AtomicU64::new(0),
     police_allocations: AtomicBool::new(true),
 };
 
@@ -85,6 +87,7 @@ pub fn init(config: Config) -> Result<()> {
     }
     apply(&config, limit);
     SETTINGS.state.store(READY, Release);
+    crate::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {
             if let Err(e) = crate::endpoint::serve_metrics(addr) {
@@ -133,6 +136,7 @@ fn timing() -> Timing {
     Timing {
         wait: Duration::from_millis(SETTINGS.wait_ms.load(Relaxed)),
         min_interval: Duration::from_millis(SETTINGS.interval_ms.load(Relaxed)),
+        background_interval: Duration::from_millis(SETTINGS.background_interval_ms.load(Relaxed)),
     }
 }
 
@@ -285,6 +289,14 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
             Err(native)
         }
     })
+}
+
+/// Spaces background reclaims at least `gap` after the end of the previous reclaim,
+/// for a runtime whose reclaim is costly (the JVM driver sets its own). Synchronous
+/// reclaims keep the configured minimum interval.
+pub(crate) fn set_background_interval(gap: Duration) {
+    let ms = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+    SETTINGS.background_interval_ms.store(ms, Relaxed);
 }
 
 /// Unregisters the reclaim callback.

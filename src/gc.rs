@@ -84,6 +84,10 @@ pub(crate) enum SyncOutcome {
 pub(crate) struct Timing {
     pub(crate) wait: Duration,
     pub(crate) min_interval: Duration,
+    /// The least time from the end of any reclaim to the start of a background one:
+    /// a runtime whose reclaim is costly (a JVM's full GC) asks for more than
+    /// `min_interval` here, and synchronous requests are not held up by it.
+    pub(crate) background_interval: Duration,
 }
 
 struct State {
@@ -196,7 +200,10 @@ impl Coordinator {
         if st.in_flight || st.background_need != 0 {
             return false;
         }
-        if throttle(&st, timing, Instant::now()).is_some() {
+        let now = Instant::now();
+        let recent =
+            st.last_end.is_some_and(|end| now.saturating_duration_since(end) < timing.background_interval);
+        if recent || throttle(&st, timing, now).is_some() {
             return false;
         }
         st.background_need = need.max(1);
@@ -319,7 +326,11 @@ pub(crate) fn suspension(streak: u32) -> Duration {
 mod tests {
     use super::*;
 
-    const NOW: Timing = Timing { wait: Duration::from_secs(5), min_interval: Duration::ZERO };
+    const NOW: Timing = Timing {
+        wait: Duration::from_secs(5),
+        min_interval: Duration::ZERO,
+        background_interval: Duration::ZERO,
+    };
 
     fn futile(_: u64) -> Run {
         Run { freed: 0, panicked: false }
@@ -348,7 +359,11 @@ mod tests {
     #[test]
     fn rate_limit_blocks_a_second_reclaim() {
         let c = Coordinator::new();
-        let slow = Timing { wait: Duration::from_secs(1), min_interval: Duration::from_secs(3600) };
+        let slow = Timing {
+            wait: Duration::from_secs(1),
+            min_interval: Duration::from_secs(3600),
+            background_interval: Duration::ZERO,
+        };
         assert!(matches!(
             c.reclaim_sync(1, slow, |n| Run { freed: n, panicked: false }),
             SyncOutcome::Ran(_)

@@ -33,6 +33,10 @@ pub const POLL: Duration = Duration::from_millis(100);
 pub const GC_WAIT: Duration = Duration::from_secs(30);
 /// `System.gc()` calls in one reclaim, at most.
 pub const MAX_GCS: u32 = 4;
+/// The least time between a GC and a background one: a full GC is costly, and a
+/// heap that churns above the soft threshold would otherwise be collected back to
+/// back. Requests that must be met now (a refused allocation) are not held up.
+pub const BACKGROUND_GAP: Duration = Duration::from_secs(1);
 /// The free ratios a reclaim sets while it runs (Gluten's value).
 const SHRINK_RATIO: &str = "5";
 
@@ -77,6 +81,7 @@ pub fn install(env: &mut JNIEnv) -> crate::Result<()> {
         .spawn(move || drive(vm))
         .map_err(|e| crate::Error::Jvm(format!("cannot start the driver thread: {e}")))?;
     let _ = INSTALLED.set(());
+    engine::set_background_interval(BACKGROUND_GAP);
     engine::on_reclaim(request_gc);
     Ok(())
 }

@@ -12,7 +12,11 @@ use std::time::Duration;
 
 /// loom does not model time: waits end by notification only, so a lost wake-up
 /// shows as a deadlock. The interval is zero so the rate limit never interferes.
-const TIMING: Timing = Timing { wait: Duration::from_secs(3600), min_interval: Duration::ZERO };
+const TIMING: Timing = Timing {
+    wait: Duration::from_secs(3600),
+    min_interval: Duration::ZERO,
+    background_interval: Duration::ZERO,
+};
 
 #[test]
 fn loom_single_flight() {

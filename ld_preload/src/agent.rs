@@ -90,11 +90,13 @@ pub unsafe extern "system" fn Agent_OnLoad(vm: *mut JavaVM, options: *const c_ch
     }
 }
 
-/// Whether the exported `malloc` is ours: the agent is only half a budget without it.
+/// Whether the process's `malloc` is this library's: the agent is only half a budget
+/// without it. Compared by the object that defines it, since inside this library
+/// `malloc` names whatever the dynamic linker bound, not necessarily our own.
 fn preloaded() -> bool {
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name.
-    let found = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
-    std::ptr::eq(found.cast_const(), crate::malloc::malloc as *const c_void)
+    let global = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr()) };
+    !global.is_null() && init::object_base(global) == init::object_base(preloaded as *const c_void)
 }
 
 fn not_preloaded_message() -> String {

@@ -111,19 +111,27 @@ fn register_at_exit() {
     }
 }
 
-/// The path this library was loaded from, as the dynamic linker saw it.
-pub(crate) fn own_path() -> Option<String> {
-    let mut info: libc::Dl_info = libc::Dl_info {
+/// What `dladdr` says of `addr`, if it lies in a loaded object.
+fn dl_info(addr: *const libc::c_void) -> Option<libc::Dl_info> {
+    let mut info = libc::Dl_info {
         dli_fname: std::ptr::null(),
         dli_fbase: std::ptr::null_mut(),
         dli_sname: std::ptr::null(),
         dli_saddr: std::ptr::null_mut(),
     };
-    // SAFETY: dladdr with an address inside this library and a valid out-pointer.
-    let found = unsafe { libc::dladdr(own_path as *const libc::c_void, &mut info) };
-    if found == 0 || info.dli_fname.is_null() {
-        return None;
-    }
+    // SAFETY: dladdr reads only `addr`'s value and writes the valid out-pointer.
+    let found = unsafe { libc::dladdr(addr, &mut info) };
+    (found != 0).then_some(info)
+}
+
+/// The load address of the object that contains `addr`.
+pub(crate) fn object_base(addr: *const libc::c_void) -> Option<usize> {
+    dl_info(addr).map(|info| info.dli_fbase as usize)
+}
+
+/// The path this library was loaded from, as the dynamic linker saw it.
+pub(crate) fn own_path() -> Option<String> {
+    let info = dl_info(own_path as *const libc::c_void).filter(|i| !i.dli_fname.is_null())?;
     // SAFETY: dladdr returns a NUL-terminated path that lives as long as the library.
     let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
     std::fs::canonicalize(path.to_string_lossy().as_ref()).ok().map(|p| p.to_string_lossy().into_owned())

@@ -1,0 +1,125 @@
+import com.sun.management.HotSpotDiagnosticMXBean;
+import java.lang.management.GarbageCollectorMXBean;
+import java.lang.management.ManagementFactory;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.AtomicLong;
+import org.memquota.MemQuota;
+
+/** The JVM tests' workloads, run under libmemquota.so as preload and agent. */
+public class JvmWorkload {
+    static final int CHUNK = 64 << 10; // 1 MiB arrays would be humongous in G1
+
+    public static void main(String[] args) throws Exception {
+        switch (args[0]) {
+            case "shrink": shrink(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            case "refuse": refuse(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            default: throw new IllegalArgumentException(args[0]);
+        }
+    }
+
+    static String flag(String name) {
+        HotSpotDiagnosticMXBean bean = ManagementFactory.getPlatformMXBean(HotSpotDiagnosticMXBean.class);
+        return bean.getVMOption(name).getValue();
+    }
+
+    static String ratios() {
+        return flag("MinHeapFreeRatio") + "/" + flag("MaxHeapFreeRatio");
+    }
+
+    static long mib(long b) {
+        return b >> 20;
+    }
+
+    /** Allocates `mib` MiB of 64 KiB arrays, keeping them all. */
+    static List<byte[]> fill(int mib) {
+        List<byte[]> keep = new ArrayList<>();
+        for (int i = 0; i < mib * 16; i++) {
+            keep.add(new byte[CHUNK]);
+        }
+        return keep;
+    }
+
+    /** (a) and (d): garbage grows the heap, then direct buffers need its room. */
+    static void shrink(int garbageMib, int directMib) {
+        String before = ratios();
+        List<byte[]> garbage = fill(garbageMib);
+        long grown = Runtime.getRuntime().totalMemory();
+        System.out.println("garbage " + garbage.size() + " arrays, heap committed " + mib(grown) + " MiB");
+        garbage = null;
+        List<ByteBuffer> direct = new ArrayList<>();
+        for (int i = 0; i < directMib / 8; i++) {
+            direct.add(ByteBuffer.allocateDirect(8 << 20));
+        }
+        long after = Runtime.getRuntime().totalMemory();
+        System.out.println("direct " + direct.size() * 8 + " MiB ok");
+        System.out.println("heap committed grown " + mib(grown) + " MiB, after " + mib(after) + " MiB");
+        System.out.println("memquota gcs " + MemQuota.gcCount());
+        System.out.println("ratios before " + before + " after " + ratios());
+        System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    /** (b): the live heap leaves no room; the refusal is an OutOfMemoryError. */
+    static void refuse(int liveMib, int directMib) {
+        List<byte[]> live = fill(liveMib);
+        try {
+            ByteBuffer b = ByteBuffer.allocateDirect(directMib << 20);
+            System.out.println("unexpected: got " + b.capacity());
+        } catch (OutOfMemoryError e) {
+            String first = e.getMessage().split("\n")[0];
+            System.out.println("refused: " + first);
+        }
+        System.out.println("live " + live.size() + " arrays still held");
+        // The JVM goes on: more heap work and a small direct buffer after the refusal.
+        live = null;
+        fill(64);
+        System.out.println("after refusal: direct " + ByteBuffer.allocateDirect(1 << 20).capacity());
+    }
+
+    /** (c): threads mix heap churn and direct buffers for a while. */
+    static void mixed(int seconds, int threads) throws Exception {
+        long end = System.nanoTime() + seconds * 1_000_000_000L;
+        AtomicLong directOps = new AtomicLong();
+        AtomicLong ooms = new AtomicLong();
+        List<Thread> ts = new ArrayList<>();
+        for (int t = 0; t < threads; t++) {
+            Thread th = new Thread(() -> {
+                ThreadLocalRandom r = ThreadLocalRandom.current();
+                List<byte[]> heap = new ArrayList<>();
+                List<ByteBuffer> direct = new ArrayList<>();
+                while (System.nanoTime() < end) {
+                    for (int i = 0; i < 64; i++) {
+                        heap.add(new byte[CHUNK]);
+                    }
+                    if (heap.size() > 512) {
+                        heap.subList(0, 256).clear();
+                    }
+                    try {
+                        direct.add(ByteBuffer.allocateDirect((1 + r.nextInt(8)) << 20));
+                        directOps.incrementAndGet();
+                    } catch (OutOfMemoryError e) {
+                        ooms.incrementAndGet();
+                    }
+                    if (direct.size() > 6) {
+                        direct.subList(0, 3).clear();
+                    }
+                }
+            }, "worker-" + t);
+            ts.add(th);
+            th.start();
+        }
+        for (Thread th : ts) {
+            th.join();
+        }
+        long jvmGcs = 0;
+        for (GarbageCollectorMXBean gc : ManagementFactory.getGarbageCollectorMXBeans()) {
+            jvmGcs += gc.getCollectionCount();
+        }
+        System.out.println("mixed direct ops " + directOps.get() + " ooms " + ooms.get());
+        System.out.println("memquota gcs " + MemQuota.gcCount() + " jvm collections " + jvmGcs);
+        System.out.println("stats " + MemQuota.statsJson());
+    }
+}

@@ -1,0 +1,192 @@
+//! A real JVM under libmemquota.so as preload and agent: the heap counts, GCs make
+//! room for native memory, refusals are `OutOfMemoryError`s, flags come back, and
+//! the agent speaks up about bad options and flags. Java sources are compiled here
+//! with javac; every JVM runs under an outer `timeout`.
+//!
+//! Needs `cargo build --release` first (scripts/test.sh does it) and a JDK.
+
+mod common;
+
+use common::{assert_ok, inherited_vars, lib, said, text};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The compiled classes: org.memquota.MemQuota and the workloads.
+fn classes() -> &'static Path {
+    static CLASSES: OnceLock<PathBuf> = OnceLock::new();
+    CLASSES.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = std::env::temp_dir().join(format!("memquota-jvm-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let javac = Command::new("javac")
+            .arg("-d")
+            .arg(&out)
+            .arg(root.join("../java/org/memquota/MemQuota.java"))
+            .arg(root.join("tests/java/JvmWorkload.java"))
+            .output()
+            .expect("javac is missing: scripts/test.sh installs a JDK");
+        assert_ok(&javac, "javac");
+        out
+    })
+}
+
+/// `java jvm_flags -agentpath:lib=agent -cp classes args`, preloaded, under `timeout`.
+fn java(jvm_flags: &[&str], agent: &str, args: &[&str]) -> Output {
+    let so = lib();
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", so.display())).arg("java").args(jvm_flags);
+    cmd.arg(format!("-agentpath:{}={agent}", so.display())).arg("-cp").arg(classes()).args(args);
+    for var in inherited_vars() {
+        cmd.env_remove(var);
+    }
+    cmd.output().unwrap()
+}
+
+/// The number after `key` in `text` (e.g. `"memquota gcs "`).
+fn number_after(text: &str, key: &str) -> u64 {
+    let at = text.find(key).unwrap_or_else(|| panic!("no {key:?} in:\n{text}")) + key.len();
+    text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+/// A field of the `stats {...}` JSON line the workloads print.
+fn stat(text: &str, field: &str) -> u64 {
+    let json = &text[text.find("stats {").unwrap_or_else(|| panic!("no stats in:\n{text}"))..];
+    number_after(json, &format!("\"{field}\":"))
+}
+
+#[test]
+fn a_gc_shrinks_the_heap_to_make_room_for_direct_buffers_and_d_restores_both_flags() {
+    // 450 MiB of garbage commits ~650 MiB of heap; 200 MiB of direct buffers then fit
+    // the 600 MiB budget only once a GC gives heap back.
+    let flags = ["-Xms64m", "-Xmx1g", "-XX:MinHeapFreeRatio=20", "-XX:MaxHeapFreeRatio=60"];
+    let out = java(&flags, "limit=600m", &["JvmWorkload", "shrink", "450", "200"]);
+    assert_ok(&out, "shrink");
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("direct 200 MiB ok"), "{}", said(&out));
+    let grown = number_after(&stdout, "heap committed grown ");
+    let after = number_after(&stdout, ", after ");
+    assert!(grown > 600, "the garbage must outgrow the budget first: {}", said(&out));
+    assert!(after < grown - 200, "the heap must have shrunk by the buffers' room: {}", said(&out));
+    assert!(number_after(&stdout, "memquota gcs ") >= 1, "{}", said(&out));
+    assert!(stat(&stdout, "reclaims_total_sync") + stat(&stdout, "reclaims_total_background") >= 1);
+    assert_eq!(stat(&stdout, "oom_total"), 0, "{}", said(&out));
+    // (d): both ratios are back to the values given on the command line.
+    assert!(stdout.contains("ratios before 20/60 after 20/60"), "{}", said(&out));
+}
+
+#[test]
+fn b_a_live_heap_too_big_refuses_with_an_out_of_memory_error_and_the_jvm_goes_on() {
+    let out = java(&["-Xms64m", "-Xmx1g"], "limit=600m", &["JvmWorkload", "refuse", "450", "200"]);
+    assert_ok(&out, "refuse");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(
+        stdout.contains("refused: memquota: allocation refused: 200.0 MiB (209715200) requested"),
+        "{}",
+        said(&out)
+    );
+    assert!(stdout.contains("live 7200 arrays still held"), "{}", said(&out));
+    assert!(stdout.contains("after refusal: direct 1048576"), "{}", said(&out));
+    // The report went to stderr too, with the heap in it.
+    assert!(stderr.contains("memquota: allocation refused") && stderr.contains("heap committed"), "{stderr}");
+}
+
+#[test]
+fn c_eight_threads_mixing_heap_and_direct_buffers_make_progress_with_bounded_gcs() {
+    let seconds = 20;
+    let out =
+        java(&["-Xms64m", "-Xmx512m"], "limit=1g", &["JvmWorkload", "mixed", &seconds.to_string(), "8"]);
+    assert_ok(&out, "mixed");
+    let stdout = text(&out.stdout);
+    assert_eq!(number_after(&stdout, " ooms "), 0, "no false OOM: {}", said(&out));
+    assert!(number_after(&stdout, "mixed direct ops ") > 100, "{}", said(&out));
+    let (sync, background) =
+        (stat(&stdout, "reclaims_total_sync"), stat(&stdout, "reclaims_total_background"));
+    let gcs = number_after(&stdout, "memquota gcs ");
+    // Each reclaim runs at most 4 GCs, and background ones are at least a second
+    // apart.
+    assert!(gcs <= 4 * (sync + background), "{gcs} GCs for {sync} + {background} reclaims");
+    assert!(background <= seconds + 1, "{background} background reclaims in {seconds} s");
+    assert_eq!(stat(&stdout, "oom_total"), 0);
+}
+
+#[test]
+fn e_flags_that_keep_the_heap_from_shrinking_are_warned_about() {
+    let flags = ["-Xms256m", "-Xmx256m", "-XX:+DisableExplicitGC", "-XX:+ExplicitGCInvokesConcurrent"];
+    let out = java(&flags, "limit=2g", &["-version"]);
+    assert_ok(&out, "java -version");
+    let stderr = text(&out.stderr);
+    for warning in [
+        "memquota: warning: -Xms equals -Xmx",
+        "memquota: warning: -XX:+DisableExplicitGC",
+        "memquota: warning: -XX:+ExplicitGCInvokesConcurrent",
+    ] {
+        assert!(stderr.contains(warning), "no {warning:?} in:\n{stderr}");
+    }
+    let quiet = java(&["-Xms64m", "-Xmx256m"], "limit=2g", &["-version"]);
+    assert!(!text(&quiet.stderr).contains("memquota: warning"), "{}", said(&quiet));
+}
+
+#[test]
+fn f_bad_agent_options_stop_the_jvm_with_a_clear_error() {
+    for (options, expected) in [
+        ("limit=lots", "memquota agent: bad option limit=\"lots\": expected"),
+        ("heap=some", "memquota agent: bad option heap=\"some\": expected committed or used"),
+        ("colour=blue", "memquota agent: unknown option \"colour\"; known options: limit, heap, soft, on_oom, refuse_min, stats_file"),
+        ("limit", "memquota agent: option \"limit\" has no value"),
+    ] {
+        let out = java(&[], options, &["-version"]);
+        assert!(!out.status.success(), "{options}: {}", said(&out));
+        assert!(text(&out.stderr).contains(expected), "{options}: {}", said(&out));
+    }
+}
+
+#[test]
+fn the_agent_without_the_preload_refuses_and_says_how_to_preload() {
+    let so = lib();
+    let agent_alone = |tunables: Option<&str>| {
+        let mut cmd = Command::new("timeout");
+        cmd.arg("60").arg("env");
+        if let Some(t) = tunables {
+            cmd.arg(format!("GLIBC_TUNABLES={t}"));
+        }
+        cmd.arg("java").arg(format!("-agentpath:{}=limit=1g", so.display())).arg("-version");
+        cmd.output().unwrap()
+    };
+    // glibc's default static TLS surplus is too small for the preload's initial-exec
+    // TLS, so a JVM given the agent alone does not start at all.
+    let out = agent_alone(None);
+    assert!(!out.status.success(), "{}", said(&out));
+    assert!(said(&out).contains("cannot allocate memory in static TLS block"), "{}", said(&out)); // the JVM's own line, on stdout
+                                                                                                  // Where the library can be loaded, the agent itself refuses, saying how to preload.
+    let out = agent_alone(Some("glibc.rtld.optional_static_tls=16384"));
+    assert!(!out.status.success(), "{}", said(&out));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("libmemquota.so is not preloaded"), "{stderr}");
+    let path = std::fs::canonicalize(&so).unwrap();
+    assert!(stderr.contains(&format!("LD_PRELOAD={}", path.display())), "{stderr}");
+}
+
+#[test]
+fn the_stats_file_shows_heap_and_native() {
+    let file = std::env::temp_dir().join(format!("memquota-jvm-stats-{}.prom", std::process::id()));
+    let agent = format!("limit=2g,heap=used,stats_file={}", file.display());
+    let out = java(&["-Xms64m", "-Xmx512m"], &agent, &["JvmWorkload", "shrink", "100", "16"]);
+    assert_ok(&out, "shrink");
+    let prom = std::fs::read_to_string(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    let value = |name: &str| -> f64 {
+        prom.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("no {name} in:\n{prom}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(value("memquota_heap_committed_bytes") > 0.0, "{prom}");
+    assert!(value("memquota_heap_used_bytes") > 0.0, "{prom}");
+    assert!(value("memquota_native_bytes") > 16.0 * 1048576.0, "{prom}");
+    assert_eq!(value("memquota_limit_bytes"), 2.0 * 1073741824.0);
+}
