@@ -17,6 +17,7 @@ public class JvmWorkload {
             case "shrink": shrink(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "refuse": refuse(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            case "work": work(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             default: throw new IllegalArgumentException(args[0]);
         }
     }
@@ -84,13 +85,37 @@ public class JvmWorkload {
         long end = System.nanoTime() + seconds * 1_000_000_000L;
         AtomicLong directOps = new AtomicLong();
         AtomicLong ooms = new AtomicLong();
+        run(threads, () -> System.nanoTime() < end, directOps, ooms);
+        System.out.println("mixed direct ops " + directOps.get() + " ooms " + ooms.get());
+        System.out.println("memquota gcs " + gcCount() + " jvm collections " + jvmCollections());
+        System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    /** The benchmark: a fixed amount of the same work, timed. Runs with or without memquota. */
+    static void work(int rounds, int threads) throws Exception {
+        AtomicLong left = new AtomicLong((long) rounds * threads);
+        AtomicLong directOps = new AtomicLong();
+        AtomicLong ooms = new AtomicLong();
+        long start = System.nanoTime();
+        run(threads, () -> left.getAndDecrement() > 0, directOps, ooms);
+        long ms = (System.nanoTime() - start) / 1_000_000;
+        System.out.println("work ms " + ms + " jvm collections " + jvmCollections() + " memquota gcs " + gcCount()
+                + " ooms " + ooms.get());
+    }
+
+    interface Going {
+        boolean more();
+    }
+
+    /** Each thread: 4 MiB of 64 KiB arrays, a direct buffer of 1-8 MiB, old ones dropped. */
+    static void run(int threads, Going going, AtomicLong directOps, AtomicLong ooms) throws Exception {
         List<Thread> ts = new ArrayList<>();
         for (int t = 0; t < threads; t++) {
             Thread th = new Thread(() -> {
                 ThreadLocalRandom r = ThreadLocalRandom.current();
                 List<byte[]> heap = new ArrayList<>();
                 List<ByteBuffer> direct = new ArrayList<>();
-                while (System.nanoTime() < end) {
+                while (going.more()) {
                     for (int i = 0; i < 64; i++) {
                         heap.add(new byte[CHUNK]);
                     }
@@ -114,12 +139,22 @@ public class JvmWorkload {
         for (Thread th : ts) {
             th.join();
         }
-        long jvmGcs = 0;
+    }
+
+    static long jvmCollections() {
+        long n = 0;
         for (GarbageCollectorMXBean gc : ManagementFactory.getGarbageCollectorMXBeans()) {
-            jvmGcs += gc.getCollectionCount();
+            n += gc.getCollectionCount();
         }
-        System.out.println("mixed direct ops " + directOps.get() + " ooms " + ooms.get());
-        System.out.println("memquota gcs " + MemQuota.gcCount() + " jvm collections " + jvmGcs);
-        System.out.println("stats " + MemQuota.statsJson());
+        return n;
+    }
+
+    /** memquota's GCs, or 0 when the JVM runs without it (the benchmark's baseline). */
+    static long gcCount() {
+        try {
+            return MemQuota.gcCount();
+        } catch (UnsatisfiedLinkError | NoClassDefFoundError e) {
+            return 0;
+        }
     }
 }
