@@ -72,6 +72,7 @@ pub fn install(env: &mut JNIEnv) -> crate::Result<()> {
     if INSTALLED.get().is_some() {
         return Ok(());
     }
+    crate::rendezvous::check();
     let vm = env.get_java_vm().map_err(jvm_error)?;
     warn_if_cannot_shrink(env);
     let heap = read_heap(env).map_err(jvm_error)?;

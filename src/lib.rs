@@ -37,6 +37,8 @@ pub mod jvm;
 #[cfg(not(loom))]
 mod ledger;
 #[cfg(not(loom))]
+mod rendezvous;
+#[cfg(not(loom))]
 mod report;
 #[cfg(not(loom))]
 mod rust_face;
