@@ -10,7 +10,7 @@ say "toolchain and the programs the tests compile or run"
 command -v cargo >/dev/null || { echo "cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
 cargo --version
 need=()
-for tool in gcc:gcc g++:g++ nm:binutils timeout:coreutils sort:coreutils java:default-jre-headless python3:python3; do
+for tool in gcc:gcc g++:g++ nm:binutils timeout:coreutils sort:coreutils java:default-jdk-headless javac:default-jdk-headless python3:python3; do
     command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -24,6 +24,11 @@ cargo build --release
 
 say "unit, integration and property tests (release: the drift test does 1.2M operations)"
 timeout 1500 cargo test --release --workspace
+
+say "library mode: a Rust JNI library with its own budget in a JVM (jvm_lib/, its own package and target dir)"
+# Its second run loads the library under the preload built above.
+preload_so="$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/libmemquota.so"
+(cd jvm_lib && CARGO_TARGET_DIR=../target/jvm_lib MEMQUOTA_PRELOAD_SO="$preload_so" timeout 900 cargo test --release)
 
 say "loom models of the reclaim coordinator and the account (separate target dir: --cfg loom)"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" timeout 900 cargo test --release -p memquota --lib loom
