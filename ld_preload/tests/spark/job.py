@@ -65,9 +65,11 @@ def parse_args():
     return p.parse_args()
 
 
-def java_options(args):
+def java_options(args, preloaded):
+    """The JVM options of a driver or executor; the agent only where the library is
+    preloaded too (the agent refuses to load without the preload)."""
     opts = []
-    if args.preload and args.agent_options is not None:
+    if preloaded and args.agent_options is not None:
         opts.append(f"-agentpath:{args.preload}={args.agent_options}")
     if args.java_options:
         opts.append(args.java_options)
@@ -100,11 +102,15 @@ def build_session(args):
         # failure (and local mode does not retry by default anyway).
         .config("spark.task.maxFailures", "1")
     )
-    opts = java_options(args)
-    if opts:
-        b = b.config("spark.driver.extraJavaOptions", opts).config("spark.executor.extraJavaOptions", opts)
-    if args.preload and (args.executor_preload_only or args.master.startswith("local-cluster")):
+    driver_preloaded = bool(args.preload) and not args.executor_preload_only
+    # In local mode the executor is the driver; local-cluster launches executor JVMs.
+    executors_preloaded = bool(args.preload) and (args.executor_preload_only or args.master.startswith("local-cluster"))
+    if executors_preloaded:
         b = b.config("spark.executorEnv.LD_PRELOAD", args.preload)
+    for key, preloaded in [("spark.driver.extraJavaOptions", driver_preloaded), ("spark.executor.extraJavaOptions", executors_preloaded)]:
+        opts = java_options(args, preloaded)
+        if opts:
+            b = b.config(key, opts)
     for kv in args.executor_env:
         name, _, value = kv.partition("=")
         b = b.config(f"spark.executorEnv.{name}", value)
