@@ -20,17 +20,18 @@ fi
 
 # `python3` may be a pyenv shim: build the venv from the interpreter it runs.
 base=$(python3 -c 'import sys; print(sys.executable)')
-if ! "$base" -c 'import venv, ensurepip' 2>/dev/null; then
-    say "installing python3-venv (the interpreter has no venv/ensurepip)"
-    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv >&2
-fi
-
 start=$(date +%s)
 say "creating $venv with $base"
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
-"$base" -m venv "$venv"
+if ! "$base" -m venv "$venv" >&2; then
+    # Debian's python3 has no ensurepip without python3-venv.
+    say "installing python3-venv"
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv >&2
+    rm -rf "$venv"
+    "$base" -m venv "$venv"
+fi
 say "pip install pyspark==$PYSPARK_VERSION (a 456 MB download; 31 s here)"
 "$py" -m pip install --disable-pip-version-check --progress-bar off "pyspark==$PYSPARK_VERSION" >&2
 "$py" -c 'import pyspark; print("spark-venv: pyspark", pyspark.__version__, "from", pyspark.__file__)' >&2
