@@ -23,7 +23,7 @@ const AGENT: bool = false;
 /// the budget may refuse a page.
 const PAGE: &str = "64m";
 const PAGE_BYTES: f64 = (64u64 << 20) as f64;
-/// Room for the job: measured native peak about 330 MiB with 64 MiB pages, and the
+/// Room for the job: native peaks of 225-390 MiB measured with 64 MiB pages, and the
 /// driver's heap (-Xmx512m) on top once the agent counts it.
 const ENOUGH: &str = if AGENT { "2g" } else { "1g" };
 /// Too small for one page: the driver JVM holds about 75 MiB of native memory before
