@@ -8,8 +8,11 @@ default).
 
 The job: spark.range(rows) grouped by id % groups (count, sum, min, max), and a global
 sort of a permutation of the ids. Both results are checked against arithmetic. Prints
-`memquota-spark-job: OK ...` and exits 0, or `memquota-spark-job: FAILED ...` and
-exits 2 when Spark fails the job (e.g. a refused page).
+one line starting `memquota-spark-job:` and exits with
+  0  OK: both results are right;
+  1  WRONG RESULT;
+  2  FAILED: Spark failed the job (a refused page: SparkOutOfMemoryError);
+  3  JVM LOST: the JVM went away (a crash or a kill).
 
 Run with the venv made by scripts/spark-venv.sh:
 
@@ -182,6 +185,8 @@ def main():
     args = parse_args()
     t0 = time.monotonic()
     spark = build_session(args)
+    from py4j.protocol import Py4JJavaError
+
     sc = spark.sparkContext
     if args.master.startswith("local-cluster"):
         # The standalone worker sends each executor's stdout and stderr to files here.
@@ -193,15 +198,21 @@ def main():
     except AssertionError as e:
         print(f"{PREFIX} WRONG RESULT: {e}", flush=True)
         return 1
-    except Exception as e:  # Py4JJavaError and friends: Spark failed the job.
+    except Py4JJavaError as e:  # Spark failed the job and said why.
         first = str(e).strip().splitlines()
         print(f"{PREFIX} FAILED: {type(e).__name__}: {first[0] if first else ''}", flush=True)
-        causes = [l.strip() for l in str(e).splitlines() if "OutOfMemory" in l or "memquota" in l]
+        causes = [line.strip() for line in str(e).splitlines() if "OutOfMemory" in line or "memquota" in line]
         for line in causes[:5]:
             print(f"{PREFIX}   {line}", flush=True)
         return 2
+    except Exception as e:  # Most often the JVM died under us (a crash, a kill).
+        print(f"{PREFIX} JVM LOST: {type(e).__name__}: {e}", flush=True)
+        return 3
     finally:
-        spark.stop()
+        try:
+            spark.stop()
+        except Exception as e:
+            print(f"{PREFIX} spark.stop() failed: {type(e).__name__}", flush=True)
     print(
         f"{PREFIX} OK rows={args.rows} groups={groups} sorted_partitions={parts} "
         f"master={args.master} seconds={time.monotonic() - t0:.1f}",
