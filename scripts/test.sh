@@ -19,6 +19,9 @@ if [ ${#need[@]} -gt 0 ]; then
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need[@]}"
 fi
 
+say "pyspark in target/spark-venv for the Spark test (cached; ~30 s the first time)"
+scripts/spark-venv.sh
+
 say "build (the preload tests run target/release/libmemquota.so)"
 cargo build --release
 
