@@ -273,7 +273,16 @@ pub fn set_enforcement(e: Enforcement) {
 /// with an OOM report written, if they will not fit. Flushes the calling thread's
 /// delta first. Call it only where waiting is safe: never with a lock held that a
 /// reclaim needs (in a JVM, from a thread in native state, never in VM state).
+///
+/// Requests under `refuse_min` always pass, with no wait, whatever the over-commit:
+/// they are counted when taken, like every allocation under
+/// [`Enforcement::Gates`]. A JVM's own code treats a failed small
+/// `Unsafe.allocateMemory` as fatal (seen: a 2 KiB NIO path buffer refused in a
+/// Spark task took the whole JVM down through its uncaught-exception handler).
 pub fn make_room(face: &'static Face, bytes: u64) -> bool {
+    if bytes < SETTINGS.refuse_min.load(Relaxed) {
+        return true;
+    }
     let Some(l) = (face.local)() else { return true };
     let Some(_busy) = ledger::enter(l) else { return true };
     if face.configure_from_env {

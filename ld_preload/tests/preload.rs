@@ -4,18 +4,13 @@
 //!
 //! Needs `cargo build --release` first (scripts/test.sh does it), gcc and g++.
 
+mod common;
+
+use common::{assert_ok, inherited_vars, lib, text};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
-
-/// target/release/libmemquota.so, next to this test's own deps/ directory.
-fn lib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let so = exe.parent().unwrap().parent().unwrap().join("libmemquota.so");
-    assert!(so.exists(), "{} is missing: run `cargo build --release` first", so.display());
-    so
-}
 
 struct Built {
     probe: PathBuf,
@@ -48,26 +43,10 @@ fn preloaded(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.arg(format!("{k}={v}"));
     }
-    for var in
-        memquota_core::ENV_VARS.iter().map(|(v, _)| *v).chain(["MEMQUOTA_REPORT", "MEMQUOTA_STATS_FILE"])
-    {
+    for var in inherited_vars() {
         cmd.env_remove(var);
     }
     cmd.arg(program).args(args).output().unwrap()
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn assert_ok(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what}: {:?}\nstdout: {}\nstderr: {}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
 }
 
 fn probe(mode: &[&str], env: &[(&str, &str)]) -> Output {

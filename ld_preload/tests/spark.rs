@@ -8,6 +8,9 @@
 //!
 //! The tests run one at a time (each Spark run takes both cores and ~1 GB).
 
+mod common;
+
+use common::{inherited_vars, lib, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -17,7 +20,7 @@ use std::sync::Mutex;
 /// limit and the stats file move into the agent's options, and the heap and reclaim
 /// figures are asserted. Before the agent, `-agentpath` fails the JVM with "Could not
 /// find Agent_OnLoad".
-const AGENT: bool = false;
+const AGENT: bool = true;
 
 /// Spark's page size: one malloc per page. Far above MEMQUOTA_REFUSE_MIN (4 MiB), so
 /// the budget may refuse a page.
@@ -37,14 +40,6 @@ const PREFIX: &str = "memquota-spark-job:";
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// target/release/libmemquota.so, next to this test's own deps/ directory.
-fn lib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let so = exe.parent().unwrap().parent().unwrap().join("libmemquota.so");
-    assert!(so.exists(), "{} is missing: run `cargo build --release` first", so.display());
-    so
 }
 
 /// The venv's python, or a loud failure with the command that makes it.
@@ -83,18 +78,13 @@ fn job(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
         cmd.arg(format!("{k}={v}"));
     }
     cmd.arg(python()).arg(script).args(["--page-size", PAGE, "--preload"]).arg(lib()).args(args);
-    for var in memquota_core::ENV_VARS
-        .iter()
-        .map(|(v, _)| *v)
-        .chain(["MEMQUOTA_REPORT", "MEMQUOTA_STATS_FILE", "MEMQUOTA_STATS_INTERVAL", "LD_PRELOAD"])
-        .chain([
-            "SPARK_HOME",
-            "PYSPARK_PYTHON",
-            "PYSPARK_SUBMIT_ARGS",
-            "MEMQUOTA_SO",
-            "MEMQUOTA_AGENT_OPTIONS",
-        ])
-    {
+    for var in inherited_vars().chain(["MEMQUOTA_STATS_INTERVAL", "LD_PRELOAD"]).chain([
+        "SPARK_HOME",
+        "PYSPARK_PYTHON",
+        "PYSPARK_SUBMIT_ARGS",
+        "MEMQUOTA_SO",
+        "MEMQUOTA_AGENT_OPTIONS",
+    ]) {
         cmd.env_remove(var);
     }
     let started = std::time::Instant::now();
@@ -129,10 +119,6 @@ fn run_local(name: &str, limit: &str) -> (Output, Stats) {
     let stats = Stats::read(&stats, &out);
     let _ = std::fs::remove_dir_all(&dir);
     (out, stats)
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
 }
 
 fn show(out: &Output) -> String {
@@ -236,15 +222,20 @@ fn spark_job_over_the_budget_fails_with_the_report_not_a_kill() {
     // The page is what is refused, with our report, and Java sees OutOfMemoryError.
     assert!(stderr.contains("memquota: allocation refused: 64.0 MiB (67108864) requested"), "{}", show(&out));
     assert!(stderr.contains("limit            128.0 MiB (134217728)"), "{}", show(&out));
-    assert!(
-        stderr.contains("java.lang.OutOfMemoryError: Unable to allocate 67108864 bytes"),
-        "{}",
-        show(&out)
-    );
+    // With the agent the gate throws, carrying the report; without it, the JDK throws
+    // when malloc returns NULL.
+    let java_sees = if AGENT {
+        "java.lang.OutOfMemoryError: memquota: allocation refused: 64.0 MiB (67108864) requested"
+    } else {
+        "java.lang.OutOfMemoryError: Unable to allocate 67108864 bytes"
+    };
+    assert!(stderr.contains(java_sees), "{}", show(&out));
 
     stats.assert_from_a_jvm(TOO_SMALL);
     let refusals = stats.get("memquota_oom_total");
-    let reports = stderr.matches("memquota: allocation refused").count() as f64;
+    // Reports as the refusal wrote them, at the start of a line; with the agent, Java
+    // stack traces repeat them after "java.lang.OutOfMemoryError: ".
+    let reports = stderr.lines().filter(|l| l.starts_with("memquota: allocation refused")).count() as f64;
     assert!(refusals >= 1.0 && refusals == reports, "{refusals} refusals counted, {reports} reports printed");
     if AGENT {
         stats.assert_heap_and_reclaims_consistent();
