@@ -4,6 +4,7 @@
 use crate::engine;
 use crate::ledger;
 use crate::rust_face::{self, RUST_FACE};
+use crate::scope::{self, OWNED_MIN};
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemallocator::Jemalloc;
 
@@ -59,15 +60,48 @@ fn credit(bytes: usize) {
     }
 }
 
-/// Charges `size`, then lets `take` allocate; gives the charge back if it fails.
+/// Credits the `bytes` of the block at `ptr`, just given back. The fast path is
+/// [`credit`]'s; the slow one first looks for the block's owner record (big blocks).
+#[inline(always)]
+fn credit_block(ptr: *mut u8, bytes: usize) {
+    if rust_face::with(|l| ledger::try_credit(l, bytes as u64)) != Some(true) {
+        credit_block_slow(ptr, bytes);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn credit_block_slow(ptr: *mut u8, bytes: usize) {
+    if !scope::note_free(ptr as usize, bytes as u64) {
+        engine::charge_slow(&RUST_FACE, -(bytes as i64));
+    }
+}
+
+/// Charges `size`, then lets `take` allocate; gives the charge back if it fails. The
+/// fast path is unchanged by scopes; the slow one records big blocks' owners.
 #[inline(always)]
 fn charged(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
-    if !charge(size) {
+    if rust_face::with(|l| ledger::try_charge(l, size as u64)) != Some(true) {
+        return charged_slow(size, take);
+    }
+    let p = take();
+    if p.is_null() {
+        credit(size);
+    }
+    p
+}
+
+#[cold]
+#[inline(never)]
+fn charged_slow(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if !engine::charge_slow(&RUST_FACE, size as i64) {
         return std::ptr::null_mut();
     }
     let p = take();
     if p.is_null() {
         credit(size);
+    } else {
+        scope::note_alloc(&RUST_FACE, p as usize, size as u64);
     }
     p
 }
@@ -92,11 +126,45 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        credit(layout.size());
+        credit_block(ptr, layout.size());
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old_size = layout.size();
+        if old_size.max(new_size) as u64 >= OWNED_MIN {
+            // SAFETY: forwarded contract.
+            return unsafe { self.realloc_big(ptr, layout, new_size) };
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.realloc_counted(ptr, layout, new_size) }
+    }
+}
+
+impl<A: GlobalAlloc> QuotaAlloc<A> {
+    /// A `realloc` from or to a big block: its owner record follows it to the
+    /// calling thread's scope.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_big(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old_size = layout.size();
+        let had = scope::note_realloc_begin(&RUST_FACE, ptr as usize, old_size as u64);
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.realloc_counted(ptr, layout, new_size) };
+        scope::note_realloc_end(&RUST_FACE, ptr as usize, p as usize, old_size as u64, new_size as u64, had);
+        p
+    }
+
+    /// The accounting of a `realloc`: the growth charged before, the shrink credited
+    /// after.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
+    #[inline(always)]
+    unsafe fn realloc_counted(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old_size = layout.size();
         if new_size > old_size {
             let growth = new_size - old_size;

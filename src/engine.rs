@@ -145,7 +145,7 @@ fn heap_mode() -> HeapMode {
 /// `MALLOC_CONF`. A bad value must never leave the process silently unlimited: it
 /// prints the error and exits with status 2.
 #[inline]
-fn ensure_configured() {
+pub(crate) fn ensure_configured() {
     if SETTINGS.state.load(Acquire) != READY {
         configure_from_env();
     }
@@ -187,7 +187,7 @@ fn reclaimer() -> Option<&'static ReclaimFn> {
     unsafe { p.as_ref() }.map(|b| &**b)
 }
 
-fn face() -> &'static Face {
+pub(crate) fn face() -> &'static Face {
     // SAFETY: FACE only ever holds pointers to `&'static Face` values.
     unsafe { &*FACE.load(Relaxed) }
 }
@@ -213,10 +213,13 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
     }
     ACCOUNT.add(ledger::settle(l, face));
     if bytes <= 0 {
-        ACCOUNT.add(bytes);
+        ACCOUNT.add(ledger::attribute(l, bytes));
         return true;
     }
-    admit(l, face, bytes)
+    match ledger::scope_of(l) {
+        0 => admit(l, face, bytes),
+        scope => crate::scope::admit_attached(l, face, scope, bytes),
+    }
 }
 
 /// Call in a `fork` child (a `pthread_atfork` child handler): resets what the
@@ -230,6 +233,7 @@ pub unsafe fn after_fork_child(face: &'static Face) {
     unsafe {
         COORDINATOR.after_fork_child();
         report::after_fork_child();
+        crate::scope::after_fork_child();
     }
     WORKER_STARTED.store(false, Relaxed);
     ledger::after_fork_child((face.local)());
@@ -268,7 +272,28 @@ pub fn flush_thread(face: &'static Face) {
     }
 }
 
-fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
+/// The hard limit in bytes (`i64::MAX`: none), for the scopes' execution pool.
+pub(crate) fn limit_bytes() -> i64 {
+    quota().limit
+}
+
+/// Adds `bytes` to the process account if that stays under the limit, with no
+/// reclaim and no report: a scope's first try before it spills.
+pub(crate) fn fits(bytes: i64) -> bool {
+    let quota = quota();
+    let heap = heap_probe::read().counted(heap_mode());
+    match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
+        Ok(native) => {
+            if quota.pressure(native, heap) == Pressure::Soft {
+                request_background(Quota::excess(native, heap, quota.soft));
+            }
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+pub(crate) fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
     let quota = quota();
     let mode = heap_mode();
     let mut throttle = None;
@@ -313,7 +338,7 @@ fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
     refuse(bytes, throttle)
 }
 
-fn refuse(bytes: i64, throttle: Option<Throttle>) -> bool {
+pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>) -> bool {
     OOMS.fetch_add(1, Relaxed);
     let policy = if SETTINGS.abort.load(Relaxed) { OnOom::Abort } else { OnOom::Null };
     report::emit(&Refusal {

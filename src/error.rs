@@ -22,6 +22,20 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The scope has ended (or the handle never named one).
+    ScopeEnded,
+    /// The scope or consumer table is full.
+    TooManyScopes,
+    /// A reservation was refused: spills, waits and reclaims made too little room.
+    Refused {
+        /// The bytes asked for.
+        requested: u64,
+    },
+    /// A spill (or reclaim) callback tried to reserve memory itself.
+    ReserveInSpill {
+        /// The bytes asked for.
+        requested: u64,
+    },
 }
 
 impl fmt::Display for Error {
@@ -31,6 +45,12 @@ impl fmt::Display for Error {
                 write!(f, "memquota: bad {var}={value:?}: expected {accepted}")
             }
             Error::BadConfig { setting, reason } => write!(f, "memquota: bad {setting}: {reason}"),
+            Error::ScopeEnded => f.write_str("memquota: the scope has ended"),
+            Error::TooManyScopes => f.write_str("memquota: too many scopes or consumers"),
+            Error::Refused { requested } => write!(f, "memquota: reservation of {requested} bytes refused"),
+            Error::ReserveInSpill { requested } => {
+                write!(f, "memquota: a spill callback tried to reserve {requested} bytes")
+            }
         }
     }
 }
