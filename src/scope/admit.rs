@@ -87,7 +87,7 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
         // What a spill freed on this thread shows up here.
         ACCOUNT.add(ledger::settle(l, face));
         let seen = FREE_GEN.load(SeqCst);
-        let decision = POOL.lock().try_grant(handle, ask, false);
+        let decision = POOL.lock().try_grant(handle, ask, false, !waited_out);
         let (gap, short) = match decision {
             Decision::Ended => return Outcome::Ended,
             Decision::Granted { granted, dh } => match charge_process(handle, ask, granted, dh) {
@@ -119,7 +119,7 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
         }
         // Nothing left to spill.
         if partial {
-            if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, true) {
+            if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, true, false) {
                 if charge_process(handle, ask, granted, dh) {
                     return Outcome::Granted(granted);
                 }
@@ -151,7 +151,7 @@ fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
 /// refusal by the scope's share.
 fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcome {
     if short == Short::Process {
-        if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, false) {
+        if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, false, false) {
             if dh <= 0 {
                 ACCOUNT.add(dh);
                 return Outcome::Granted(granted);

@@ -361,8 +361,9 @@ impl Pool {
     }
 
     /// Looks at the pool for `ask` on `handle` and applies it if it fits; with
-    /// `partial`, a reservation may be granted less than asked.
-    pub(crate) fn try_grant(&mut self, handle: u64, ask: Ask, partial: bool) -> Decision {
+    /// `partial`, a reservation may be granted less than asked. With `may_wait`, a
+    /// scope below its minimum share that comes up short is told to wait.
+    pub(crate) fn try_grant(&mut self, handle: u64, ask: Ask, partial: bool, may_wait: bool) -> Decision {
         let share = self.share();
         let Some(s) = self.scope(handle) else { return Decision::Ended };
         let (used, reserved, held, cap) = (s.used, s.reserved, s.held, s.cap);
@@ -383,7 +384,10 @@ impl Pool {
             0
         };
         let gap = u64::try_from(need.saturating_sub(room)).unwrap_or(0);
-        if granted < ask.bytes() && held.max(0).saturating_add(room) < share.min_per() {
+        // Waiting helps when the pool is short, not when the scope's own cap is.
+        let capped = cap.saturating_sub(held.max(0)) < need;
+        if may_wait && !capped && granted < ask.bytes() && held.max(0).saturating_add(room) < share.min_per()
+        {
             return Decision::Wait { gap };
         }
         if granted == 0 && ask.bytes() > 0 {
@@ -539,7 +543,7 @@ mod tests {
         p.set_pool_bytes(1000);
         let h = p.begin("t", 1, 0).unwrap();
         let r = Ask::Reserve { bytes: 300, consumer: 0 };
-        assert_eq!(p.try_grant(h, r, false), Decision::Granted { granted: 300, dh: 300 });
+        assert_eq!(p.try_grant(h, r, false, true), Decision::Granted { granted: 300, dh: 300 });
         assert_eq!(p.attribute(h, 200), 0, "inside the reservation: no new charge");
         assert_eq!(p.attribute(h, 150), 50);
         assert_eq!(p.apply(h, r, 300, -1), 0, "allocations exceed it: releasing costs nothing");
@@ -554,11 +558,11 @@ mod tests {
         let a = p.begin("a", 1, 0).unwrap();
         let b = p.begin("b", 2, 0).unwrap();
         let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
-        assert!(matches!(p.try_grant(a, ask(700), false), Decision::Short { gap: 200 }));
-        assert_eq!(p.try_grant(a, ask(700), true), Decision::Granted { granted: 500, dh: 500 });
+        assert!(matches!(p.try_grant(a, ask(700), false, true), Decision::Short { gap: 200 }));
+        assert_eq!(p.try_grant(a, ask(700), true, true), Decision::Granted { granted: 500, dh: 500 });
         assert_eq!(p.attribute(a, 800), 300, "allocations past the share are charged anyway");
         // b holds nothing, below 1/2N = 250, and only 200 are free: it waits
-        assert_eq!(p.try_grant(b, ask(600), true), Decision::Wait { gap: 400 });
-        assert_eq!(p.try_grant(b, ask(200), false), Decision::Granted { granted: 200, dh: 200 });
+        assert_eq!(p.try_grant(b, ask(600), true, true), Decision::Wait { gap: 400 });
+        assert_eq!(p.try_grant(b, ask(200), false, true), Decision::Granted { granted: 200, dh: 200 });
     }
 }
