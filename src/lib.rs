@@ -54,7 +54,7 @@ pub mod face {
     pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, note_alloc, note_free, note_realloc_begin,
-        note_realloc_end, release_raw, reserve_raw,
+        note_realloc_end, release_raw, reserve_raw, OWNED_MIN,
     };
 }
 
