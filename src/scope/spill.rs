@@ -28,7 +28,7 @@ fn slot(key: u64) -> usize {
 }
 
 pub(crate) fn register(key: u64, callback: Arc<SpillFn>) {
-    let old = std::mem::replace(&mut CALLBACKS.lock()[slot(key)], Some((key, callback)));
+    let old = CALLBACKS.lock()[slot(key)].replace((key, callback));
     drop(old); // outside the lock: dropping may free memory
 }
 
