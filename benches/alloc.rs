@@ -20,11 +20,12 @@
 //! * `MEMQUOTA_BENCH_QUICK=1`: a twentieth of the operations and 3 rounds (smoke test).
 //! * `MEMQUOTA_BENCH_ROUNDS=N`: rounds per allocator (default 7, quick 3).
 //! * `MEMQUOTA_BENCH_THREADS=N`: only this thread count (default: 1, then 2).
-//! * `MEMQUOTA_BENCH_ONLY=J|Q|S`: profiling mode: one run of one allocator per
-//!   workload, no comparison (for `perf stat` / `perf record`).
-//! * `MEMQUOTA_BENCH_SCOPES=0`: skip the second table, scope attribution: the same
-//!   `QuotaAlloc` with its threads in no scope (Q) and attached to a task scope (QS),
-//!   interleaved in the same way. Target: QS/Q <= 1.03.
+//! * `MEMQUOTA_BENCH_ONLY=J|Q|S|QS`: profiling mode: one run of one allocator per
+//!   workload, no comparison (for `perf stat` / `perf record`); QS is Q with the
+//!   threads attached to a task scope.
+//! * `MEMQUOTA_BENCH_SCOPES=0|only`: skip, or run only, the second table, scope
+//!   attribution: the same `QuotaAlloc` with its threads in no scope (Q) and attached
+//!   to a task scope (QS), interleaved in the same way. Target: QS/Q <= 1.03.
 //!
 //! Not run in CI: it takes minutes and its numbers are only meaningful side by side.
 
@@ -448,7 +449,13 @@ fn main() {
                     "J" => run(&J, w, threads, ops),
                     "Q" => run(&Q, w, threads, ops),
                     "S" => run(&S, w, threads, ops),
-                    _ => panic!("MEMQUOTA_BENCH_ONLY: J, Q or S"),
+                    "QS" => {
+                        let task = MemoryManager::global().begin("bench", 1, 0).expect("a scope");
+                        let d = run_in(&Q, w, threads, ops, Some(task.handle()));
+                        task.end();
+                        d
+                    }
+                    _ => panic!("MEMQUOTA_BENCH_ONLY: J, Q, S or QS"),
                 };
                 let ns = d.as_nanos() as f64 / ops as f64;
                 println!("{only} {} {threads} thread(s): {ns:.2} ns/op", w.name());
@@ -457,6 +464,10 @@ fn main() {
         return;
     }
 
+    if std::env::var("MEMQUOTA_BENCH_SCOPES").is_ok_and(|v| v == "only") {
+        scope_table(rounds, scale, &selected, &thread_counts);
+        return;
+    }
     println!("memquota allocator benchmark: J = bare jemalloc, Q = QuotaAlloc<Jemalloc>, S = System");
     println!(
         "{rounds} rounds of one run per allocator, interleaved and rotated (J Q S, Q S J, ...); \
