@@ -79,10 +79,11 @@ enum Short {
 
 /// Admits `ask` for scope `handle` on the calling thread (busy-marked by the caller).
 pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome {
-    let deadline = Instant::now() + Duration::from_millis(WAIT_MS.load(Relaxed));
     let mut cursor = Cursor::new(handle, ask.consumer());
     let mut waited_out = false;
-    let _waiter = Waiter::new();
+    // Registered as a waiter, and the deadline set, only once a wait is in view: a
+    // request that fits touches neither the shared counter nor the clock.
+    let mut waiter: Option<(Waiter, Instant)> = None;
     loop {
         // What a spill freed on this thread shows up here.
         ACCOUNT.add(ledger::settle(l, face));
@@ -102,6 +103,12 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
                     spill::run(k, gap);
                     continue;
                 }
+                let Some((_, deadline)) = waiter else {
+                    // Register, then look again: a free from now on bumps FREE_GEN.
+                    let bound = Duration::from_millis(WAIT_MS.load(Relaxed));
+                    waiter = Some((Waiter::new(), Instant::now() + bound));
+                    continue;
+                };
                 if Instant::now() >= deadline {
                     waited_out = true;
                     continue;
@@ -158,6 +165,7 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcom
             }
             REFUSING.store(handle, Relaxed);
             if engine::admit(l, face, dh) {
+                REFUSING.store(0, Relaxed);
                 return Outcome::Granted(granted);
             }
             let undo = POOL.lock().apply(handle, ask, granted, -1);
