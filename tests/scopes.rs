@@ -458,6 +458,93 @@ fn fair_share_with_1_to_8_scopes() {
     mm().set_wait(Duration::from_secs(2));
 }
 
+fn an_allocation_waits_for_its_share_and_wakes_on_free() {
+    const POOL: u64 = 64 * MIB;
+    mm().set_pool(POOL);
+    mm().set_wait(Duration::from_secs(30));
+    let first = mm().begin("first", 1, 0).unwrap();
+    let all = first.reserve(POOL).unwrap();
+    let late = mm().begin("late", 2, 0).unwrap();
+    let h = late.handle();
+    let waits0 = late.stats().unwrap().waits;
+    // An attached thread's big allocation reaches the slow path, finds the pool full
+    // while its scope holds nothing (below 1/2N), and waits inside the allocator.
+    let t = std::thread::spawn(move || {
+        let g = h.attach().unwrap();
+        let p = alloc(8 << 20);
+        drop(g);
+        p
+    });
+    until("the allocation to wait", || late.stats().unwrap().waits > waits0);
+    assert_eq!(late.stats().unwrap().allocated, 0);
+    drop(all); // a free wakes it
+    let p = t.join().unwrap();
+    assert_eq!(late.stats().unwrap().allocated, 8 << 20);
+    free(p, 8 << 20); // on a thread in no scope: the owner record credits `late`
+    assert_eq!(late.stats().unwrap().allocated, 0);
+    first.end();
+    late.end();
+    mm().set_pool(0);
+    mm().set_wait(Duration::from_secs(2));
+}
+
+fn vectors_grown_by_realloc_are_credited_wherever_freed() {
+    let a = mm().begin("grower", 1, 0).unwrap();
+    let b = mm().begin("mover", 2, 0).unwrap();
+    let g = a.attach().unwrap();
+    let mut v: Vec<u8> = Vec::new();
+    for i in 0..(6 << 20) {
+        v.push(i as u8); // doubling reallocs: small, then past 2 MiB with a record
+    }
+    drop(g);
+    let cap = v.capacity() as i64;
+    assert_eq!(stats(a.handle()).allocated, cap);
+    // Freed on a thread in no scope: the record credits the scope that grew it.
+    std::thread::spawn(move || drop(v)).join().unwrap();
+    assert_eq!(stats(a.handle()).allocated, 0);
+
+    // A big block reallocated by a thread of another scope moves there with it.
+    let g = a.attach().unwrap();
+    let p = alloc(BIG);
+    drop(g);
+    let g = b.attach().unwrap();
+    // SAFETY: `p` came from `alloc(BIG)`.
+    let q = unsafe { std::alloc::realloc(p as *mut u8, layout(BIG), 2 * BIG) } as usize;
+    drop(g);
+    assert_eq!((stats(a.handle()).allocated, stats(b.handle()).allocated), (0, 2 * BIG as i64));
+    free(q, 2 * BIG);
+    assert_eq!(stats(b.handle()).allocated, 0);
+    a.end();
+    b.end();
+}
+
+fn a_thread_that_exits_attached_leaves_its_scope() {
+    // What the thread runtime frees on a thread after its closure (the closure's box,
+    // allocated by the spawning thread) is credited to the scope the thread is still
+    // in: the small-block rule. Measure it with a thread that does nothing else.
+    let baseline = mm().begin("baseline", 1, 0).unwrap();
+    let hb = baseline.handle();
+    std::thread::spawn(move || std::mem::forget(hb.attach().unwrap())).join().unwrap();
+    let runtime = stats(hb).allocated;
+    assert!((-256..=0).contains(&runtime), "{runtime}");
+    baseline.end();
+
+    let scope = mm().begin("exiting", 1, 0).unwrap();
+    let h = scope.handle();
+    std::thread::spawn(move || {
+        std::mem::forget(h.attach().unwrap()); // never detached
+        let p = alloc(1000);
+        free(p, 1000);
+        let q = alloc(2000);
+        std::mem::forget(q); // a leak, flushed at thread exit
+    })
+    .join()
+    .unwrap();
+    let s = stats(h);
+    assert_eq!((s.threads, s.allocated), (0, 2000 + runtime), "the exit flush settled it");
+    assert_eq!(scope.end().leaked_bytes as i64, 2000 + runtime);
+}
+
 fn partial_grants_for_explicit_reservations() {
     memquota::set_report_hook(quiet);
     mm().set_pool(100 * MIB);
@@ -486,6 +573,15 @@ fn main() {
         ("spill_order_and_counts", spill_order_and_counts),
         ("a_spill_callback_must_not_reserve", a_spill_callback_must_not_reserve),
         ("fair_share_with_1_to_8_scopes", fair_share_with_1_to_8_scopes),
+        (
+            "an_allocation_waits_for_its_share_and_wakes_on_free",
+            an_allocation_waits_for_its_share_and_wakes_on_free,
+        ),
+        (
+            "vectors_grown_by_realloc_are_credited_wherever_freed",
+            vectors_grown_by_realloc_are_credited_wherever_freed,
+        ),
+        ("a_thread_that_exits_attached_leaves_its_scope", a_thread_that_exits_attached_leaves_its_scope),
         ("partial_grants_for_explicit_reservations", partial_grants_for_explicit_reservations),
     ]);
     assert!(OWNED_MIN <= BIG as u64);
