@@ -53,6 +53,15 @@ pub(crate) fn forget_dead() {
     }
 }
 
+/// Releases the registry's lock in a `fork` child.
+///
+/// # Safety
+/// As [`SpinLock::force_unlock`].
+pub(crate) unsafe fn after_fork_child() {
+    // SAFETY: forwarded contract.
+    unsafe { CALLBACKS.force_unlock() };
+}
+
 fn callback(key: u64) -> Option<Arc<SpillFn>> {
     match &CALLBACKS.lock()[slot(key)] {
         Some((k, f)) if *k == key => Some(Arc::clone(f)),
