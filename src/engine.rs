@@ -294,6 +294,12 @@ pub(crate) fn fits(bytes: i64) -> bool {
 }
 
 pub(crate) fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
+    admit_as(l, face, bytes, OnOom::Abort)
+}
+
+/// [`admit`], where `worst` caps the OOM policy: `OnOom::Null` for a request that
+/// reports failure itself (a scope's explicit reservation) and must never abort.
+pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool {
     let quota = quota();
     let mode = heap_mode();
     let mut throttle = None;
@@ -335,12 +341,14 @@ pub(crate) fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
             }
         }
     }
-    refuse(bytes, throttle)
+    refuse(bytes, throttle, worst)
 }
 
-pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>) -> bool {
+/// Counts and reports a refusal, then aborts if the policy says so and `worst` allows.
+pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>, worst: OnOom) -> bool {
     OOMS.fetch_add(1, Relaxed);
-    let policy = if SETTINGS.abort.load(Relaxed) { OnOom::Abort } else { OnOom::Null };
+    let abort = SETTINGS.abort.load(Relaxed) && worst == OnOom::Abort;
+    let policy = if abort { OnOom::Abort } else { OnOom::Null };
     report::emit(&Refusal {
         requested: bytes as u64,
         stats: stats(),

@@ -9,7 +9,9 @@
 
 mod common;
 
-use memquota::{Error, MemoryManager, QuotaAlloc, Reservation, ScopeHandle, ScopeStats, OWNED_MIN};
+use memquota::{
+    Config, Error, MemoryManager, OnOom, QuotaAlloc, Reservation, ScopeHandle, ScopeStats, OWNED_MIN,
+};
 use std::alloc::Layout;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -544,6 +546,25 @@ fn a_thread_that_exits_attached_leaves_its_scope() {
     assert_eq!(scope.end().leaked_bytes as i64, 2000 + runtime);
 }
 
+fn a_refused_reservation_never_aborts() {
+    // Under MEMQUOTA_ON_OOM=abort a refused allocation aborts; a refused reservation
+    // returns its error (with a report), at the scope level and the process level.
+    memquota::init(Config::new().limit(1 << 50).on_oom(OnOom::Abort)).unwrap();
+    memquota::set_report_hook(quiet);
+    let scope = mm().begin("no-abort", 1, 0).unwrap();
+    scope.set_cap(Some(MIB));
+    let ooms = memquota::stats().ooms;
+    assert!(matches!(scope.reserve(2 * MIB), Err(Error::Refused { requested }) if requested == 2 * MIB));
+    scope.set_cap(None);
+    memquota::set_limit(native() as u64 + MIB);
+    let got = scope.reserve(64 * MIB);
+    memquota::init(Config::new().limit(1 << 50)).unwrap();
+    memquota::set_report_hook(memquota::write_stderr);
+    assert!(matches!(got, Err(Error::Refused { .. })), "{got:?}");
+    assert_eq!(memquota::stats().ooms, ooms + 2, "both counted and reported");
+    scope.end();
+}
+
 fn partial_grants_for_explicit_reservations() {
     memquota::set_report_hook(quiet);
     mm().set_pool(100 * MIB);
@@ -581,6 +602,7 @@ fn main() {
             vectors_grown_by_realloc_are_credited_wherever_freed,
         ),
         ("a_thread_that_exits_attached_leaves_its_scope", a_thread_that_exits_attached_leaves_its_scope),
+        ("a_refused_reservation_never_aborts", a_refused_reservation_never_aborts),
         ("partial_grants_for_explicit_reservations", partial_grants_for_explicit_reservations),
     ]);
     assert!(OWNED_MIN <= BIG as u64);

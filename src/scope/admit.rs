@@ -7,6 +7,7 @@
 
 use super::pool::{Ask, Decision, POOL};
 use super::spill::{self, Cursor};
+use crate::config::OnOom;
 use crate::engine;
 use crate::ledger::{self, Face, Local, ACCOUNT};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
@@ -164,7 +165,7 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcom
                 return Outcome::Granted(granted);
             }
             REFUSING.store(handle, Relaxed);
-            if engine::admit(l, face, dh) {
+            if engine::admit_as(l, face, dh, worst(ask)) {
                 REFUSING.store(0, Relaxed);
                 return Outcome::Granted(granted);
             }
@@ -176,6 +177,15 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcom
     }
     POOL.lock().note_refusal(handle);
     REFUSING.store(handle, Relaxed);
-    engine::refuse(i64::try_from(ask.bytes()).unwrap_or(i64::MAX), None);
+    engine::refuse(i64::try_from(ask.bytes()).unwrap_or(i64::MAX), None, worst(ask));
     Outcome::Refused
+}
+
+/// The OOM policy's reach: an allocation follows it (null or abort); a reservation
+/// returns an error and never aborts.
+fn worst(ask: Ask) -> OnOom {
+    match ask {
+        Ask::Alloc(_) => OnOom::Abort,
+        Ask::Reserve { .. } => OnOom::Null,
+    }
 }
