@@ -60,48 +60,28 @@ fn credit(bytes: usize) {
     }
 }
 
-/// Credits the `bytes` of the block at `ptr`, just given back. The fast path is
-/// [`credit`]'s; the slow one first looks for the block's owner record (big blocks).
-#[inline(always)]
-fn credit_block(ptr: *mut u8, bytes: usize) {
-    if rust_face::with(|l| ledger::try_credit(l, bytes as u64)) != Some(true) {
-        credit_block_slow(ptr, bytes);
-    }
-}
-
+/// The slow path of a free, after the block was given back: its owner record (if
+/// it is big and has one) says whom to credit.
 #[cold]
 #[inline(never)]
-fn credit_block_slow(ptr: *mut u8, bytes: usize) {
-    if !scope::note_free(ptr as usize, bytes as u64) {
-        engine::charge_slow(&RUST_FACE, -(bytes as i64));
+fn credit_freed(ptr: *mut u8, size: usize) {
+    if !scope::note_free(ptr as usize, size as u64) {
+        engine::charge_slow(&RUST_FACE, -(size as i64));
     }
 }
 
-/// Charges `size`, then lets `take` allocate; gives the charge back if it fails. The
-/// fast path is unchanged by scopes; the slow one records big blocks' owners.
+/// Whether the fast path took the charge of `bytes`.
 #[inline(always)]
-fn charged(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
-    if rust_face::with(|l| ledger::try_charge(l, size as u64)) != Some(true) {
-        return charged_slow(size, take);
-    }
-    let p = take();
-    if p.is_null() {
-        credit(size);
-    }
-    p
+fn charged_fast(bytes: usize) -> bool {
+    // Layout sizes never exceed isize::MAX, so the casts are exact.
+    rust_face::with(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
 }
 
-#[cold]
-#[inline(never)]
-fn charged_slow(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
-    if !engine::charge_slow(&RUST_FACE, size as i64) {
-        return std::ptr::null_mut();
-    }
-    let p = take();
+/// Gives the charge of a failed allocation back.
+#[inline(always)]
+fn taken(p: *mut u8, size: usize) -> *mut u8 {
     if p.is_null() {
         credit(size);
-    } else {
-        scope::note_alloc(&RUST_FACE, p as usize, size as u64);
     }
     p
 }
@@ -110,23 +90,39 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
 // `inner`'s GlobalAlloc guarantees carry over; the accounting around the calls never
 // touches the memory and never unwinds (the slow path catches callback panics).
 unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
+    // Scopes cost the fast paths one instruction per free and none per allocation
+    // (instruction counts, docs/benchmarks.md): `dealloc` keeps the pointer for its
+    // slow path's owner lookup. The slow path of `alloc` is a method taking the layout
+    // by value: a closure over it passed out of line cost 3-4 instructions per call,
+    // and so did crediting before the free.
+
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !charged_fast(layout.size()) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.alloc_slow(layout, false) };
+        }
         // SAFETY: the caller upholds `alloc`'s contract for `layout`.
-        charged(layout.size(), || unsafe { self.inner.alloc(layout) })
+        taken(unsafe { self.inner.alloc(layout) }, layout.size())
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !charged_fast(layout.size()) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.alloc_slow(layout, true) };
+        }
         // SAFETY: the caller upholds `alloc_zeroed`'s contract for `layout`.
-        charged(layout.size(), || unsafe { self.inner.alloc_zeroed(layout) })
+        taken(unsafe { self.inner.alloc_zeroed(layout) }, layout.size())
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        credit_block(ptr, layout.size());
+        if rust_face::with(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
+            credit_freed(ptr, layout.size());
+        }
     }
 
     #[inline]
@@ -142,6 +138,32 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
 }
 
 impl<A: GlobalAlloc> QuotaAlloc<A> {
+    /// `alloc` past the fast path: the policy, then the allocation, then a big
+    /// block's owner record.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        if !engine::charge_slow(&RUST_FACE, layout.size() as i64) {
+            return std::ptr::null_mut();
+        }
+        let p = if zeroed {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.alloc_zeroed(layout) }
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.alloc(layout) }
+        };
+        if p.is_null() {
+            credit(layout.size());
+        } else {
+            scope::note_alloc(&RUST_FACE, p as usize, layout.size() as u64);
+        }
+        p
+    }
+
     /// A `realloc` from or to a big block: its owner record follows it to the
     /// calling thread's scope.
     ///

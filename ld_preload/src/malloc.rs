@@ -126,18 +126,19 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void 
     p
 }
 
-/// Credits the `size` bytes of the block `p` just freed; the slow path first looks
-/// for the block's owner record.
+/// Credits the `size` bytes of the block `free` just gave back (in `Slot::freeing`);
+/// the slow path first looks for the block's owner record.
 #[inline(always)]
-fn credit_block(p: *mut c_void, size: usize) {
+fn credit_freed(size: usize) {
     if !face::try_credit(local(), size as u64) {
-        credit_block_slow(p, size);
+        credit_freed_slow(size);
     }
 }
 
 #[cold]
 #[inline(never)]
-fn credit_block_slow(p: *mut c_void, size: usize) {
+fn credit_freed_slow(size: usize) {
+    let p = slot().freeing.get();
     let saved = errno();
     let owned = face::note_free(p as usize, size as u64);
     set_errno(saved);
@@ -164,7 +165,9 @@ fn release(p: *mut c_void) {
     if p.is_null() {
         return;
     }
-    let freed = slot().deallocated.get();
+    let s = slot();
+    s.freeing.set(p);
+    let freed = s.deallocated.get();
     let size = if freed.is_null() {
         // SAFETY: `p` is a live jemalloc allocation (the caller's contract for free).
         let size = unsafe { jem::sallocx(p, 0) };
@@ -180,7 +183,7 @@ fn release(p: *mut c_void) {
         // SAFETY: as above.
         (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
     };
-    credit_block(p, size);
+    credit_freed(size);
 }
 
 fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
