@@ -20,12 +20,16 @@
 //! * `MEMQUOTA_BENCH_QUICK=1`: a twentieth of the operations and 3 rounds (smoke test).
 //! * `MEMQUOTA_BENCH_ROUNDS=N`: rounds per allocator (default 7, quick 3).
 //! * `MEMQUOTA_BENCH_THREADS=N`: only this thread count (default: 1, then 2).
-//! * `MEMQUOTA_BENCH_ONLY=J|Q|S`: profiling mode: one run of one allocator per
-//!   workload, no comparison (for `perf stat` / `perf record`).
+//! * `MEMQUOTA_BENCH_ONLY=J|Q|S|QS`: profiling mode: one run of one allocator per
+//!   workload, no comparison (for `perf stat` / `perf record`); QS is Q with the
+//!   threads attached to a task scope.
+//! * `MEMQUOTA_BENCH_SCOPES=0|only`: skip, or run only, the second table, scope
+//!   attribution: the same `QuotaAlloc` with its threads in no scope (Q) and attached
+//!   to a task scope (QS), interleaved in the same way. Target: QS/Q <= 1.03.
 //!
 //! Not run in CI: it takes minutes and its numbers are only meaningful side by side.
 
-use memquota::{Config, Jemalloc, QuotaAlloc};
+use memquota::{Config, Jemalloc, MemoryManager, QuotaAlloc, ScopeHandle};
 use std::alloc::{handle_alloc_error, GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -328,6 +332,18 @@ impl Workload {
 /// free (or one realloc); each thread does `ops` of them, except in the two-thread
 /// producer/consumer run, where `ops` blocks go from one thread to the other.
 fn run<A: GlobalAlloc + Sync>(a: &'static A, w: Workload, threads: usize, ops: u64) -> Duration {
+    run_in(a, w, threads, ops, None)
+}
+
+/// [`run`], with every thread attached to `task` for the whole run (fill, timed loop
+/// and teardown) when one is given.
+fn run_in<A: GlobalAlloc + Sync>(
+    a: &'static A,
+    w: Workload,
+    threads: usize,
+    ops: u64,
+    task: Option<ScopeHandle>,
+) -> Duration {
     let barrier = Barrier::new(threads);
     let queue = Queue::new();
     let batches = ops / BATCH as u64;
@@ -336,6 +352,7 @@ fn run<A: GlobalAlloc + Sync>(a: &'static A, w: Workload, threads: usize, ops: u
             .map(|t| {
                 let (barrier, queue) = (&barrier, &queue);
                 scope.spawn(move || {
+                    let _attached = task.map(|h| h.attach().expect("the bench scope is live"));
                     let mut rng = Rng::new(t);
                     match w {
                         Workload::Small | Workload::Mixed => {
@@ -432,7 +449,13 @@ fn main() {
                     "J" => run(&J, w, threads, ops),
                     "Q" => run(&Q, w, threads, ops),
                     "S" => run(&S, w, threads, ops),
-                    _ => panic!("MEMQUOTA_BENCH_ONLY: J, Q or S"),
+                    "QS" => {
+                        let task = MemoryManager::global().begin("bench", 1, 0).expect("a scope");
+                        let d = run_in(&Q, w, threads, ops, Some(task.handle()));
+                        task.end();
+                        d
+                    }
+                    _ => panic!("MEMQUOTA_BENCH_ONLY: J, Q, S or QS"),
                 };
                 let ns = d.as_nanos() as f64 / ops as f64;
                 println!("{only} {} {threads} thread(s): {ns:.2} ns/op", w.name());
@@ -441,6 +464,10 @@ fn main() {
         return;
     }
 
+    if std::env::var("MEMQUOTA_BENCH_SCOPES").is_ok_and(|v| v == "only") {
+        scope_table(rounds, scale, &selected, &thread_counts);
+        return;
+    }
     println!("memquota allocator benchmark: J = bare jemalloc, Q = QuotaAlloc<Jemalloc>, S = System");
     println!(
         "{rounds} rounds of one run per allocator, interleaved and rotated (J Q S, Q S J, ...); \
@@ -526,4 +553,61 @@ fn main() {
         worst.threads,
         if worst.threads == 1 { "" } else { "s" }
     );
+
+    if std::env::var("MEMQUOTA_BENCH_SCOPES").is_ok_and(|v| v == "0") {
+        return;
+    }
+    scope_table(rounds, scale, &selected, &thread_counts);
+}
+
+/// The cost of scope attribution: Q with its threads in no scope against Q with them
+/// attached to one task scope, interleaved (Q QS, QS Q, ...), medians compared.
+fn scope_table(rounds: usize, scale: u64, selected: &dyn Fn(Workload) -> bool, thread_counts: &[usize]) {
+    let task = MemoryManager::global().begin("bench", 1, 0).expect("a scope");
+    let h = Some(task.handle());
+    println!();
+    println!("scope attribution: Q = threads in no scope, QS = threads attached to one task scope");
+    println!(
+        "{:<12} {:>3} {:>9} {:>9} {:>7}  {:>13}",
+        "workload", "thr", "Q ns/op", "QS ns/op", "QS/Q", "QS/Q rounds"
+    );
+    let mut worst: (f64, &str, usize) = (0.0, "", 0);
+    for w in Workload::ALL.into_iter().filter(|&w| selected(w)) {
+        for &threads in thread_counts {
+            let ops = w.ops() / scale;
+            run_in(&Q, w, threads, ops / 4, None);
+            run_in(&Q, w, threads, ops / 4, h);
+            let mut times: [Vec<f64>; 2] = Default::default();
+            for round in 0..rounds {
+                for k in 0..2 {
+                    let which = (round + k) % 2;
+                    let d = run_in(&Q, w, threads, ops, if which == 0 { None } else { h });
+                    times[which].push(d.as_nanos() as f64 / ops as f64);
+                }
+            }
+            let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(s, q)| s / q).collect();
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            let (q, qs) = (median(&times[0]), median(&times[1]));
+            println!(
+                "{:<12} {:>3} {:>9.2} {:>9.2} {:>7.3}  {:>5.3}..{:<5.3}",
+                w.name(),
+                threads,
+                q,
+                qs,
+                qs / q,
+                lo,
+                hi
+            );
+            if qs / q > worst.0 {
+                worst = (qs / q, w.name(), threads);
+            }
+        }
+    }
+    let stats = task.stats().expect("live");
+    assert_eq!(stats.allocated, 0, "every run freed what it allocated: the scope is back to 0");
+    let verdict = if worst.0 <= 1.03 { "meets the 1.03x target" } else { "OVER the 1.03x target" };
+    println!();
+    println!("worst QS/Q: {:.3} ({} at {} thread(s)): {verdict}", worst.0, worst.1, worst.2);
+    assert!(!task.end().is_leak());
 }

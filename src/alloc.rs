@@ -4,6 +4,7 @@
 use crate::engine;
 use crate::ledger;
 use crate::rust_face::{self, RUST_FACE};
+use crate::scope::{self, OWNED_MIN};
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemallocator::Jemalloc;
 
@@ -59,13 +60,26 @@ fn credit(bytes: usize) {
     }
 }
 
-/// Charges `size`, then lets `take` allocate; gives the charge back if it fails.
-#[inline(always)]
-fn charged(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
-    if !charge(size) {
-        return std::ptr::null_mut();
+/// The slow path of a free, after the block was given back: its owner record (if
+/// it is big and has one) says whom to credit.
+#[cold]
+#[inline(never)]
+fn credit_freed(ptr: *mut u8, size: usize) {
+    if !scope::note_free(ptr as usize, size as u64) {
+        engine::charge_slow(&RUST_FACE, -(size as i64));
     }
-    let p = take();
+}
+
+/// Whether the fast path took the charge of `bytes`.
+#[inline(always)]
+fn charged_fast(bytes: usize) -> bool {
+    // Layout sizes never exceed isize::MAX, so the casts are exact.
+    rust_face::with(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
+}
+
+/// Gives the charge of a failed allocation back.
+#[inline(always)]
+fn taken(p: *mut u8, size: usize) -> *mut u8 {
     if p.is_null() {
         credit(size);
     }
@@ -76,27 +90,103 @@ fn charged(size: usize, take: impl FnOnce() -> *mut u8) -> *mut u8 {
 // `inner`'s GlobalAlloc guarantees carry over; the accounting around the calls never
 // touches the memory and never unwinds (the slow path catches callback panics).
 unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
+    // Scopes cost the fast paths one instruction per free and none per allocation
+    // (instruction counts, docs/benchmarks.md): `dealloc` keeps the pointer for its
+    // slow path's owner lookup. The slow path of `alloc` is a method taking the layout
+    // by value: a closure over it passed out of line cost 3-4 instructions per call,
+    // and so did crediting before the free.
+
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !charged_fast(layout.size()) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.alloc_slow(layout, false) };
+        }
         // SAFETY: the caller upholds `alloc`'s contract for `layout`.
-        charged(layout.size(), || unsafe { self.inner.alloc(layout) })
+        taken(unsafe { self.inner.alloc(layout) }, layout.size())
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !charged_fast(layout.size()) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.alloc_slow(layout, true) };
+        }
         // SAFETY: the caller upholds `alloc_zeroed`'s contract for `layout`.
-        charged(layout.size(), || unsafe { self.inner.alloc_zeroed(layout) })
+        taken(unsafe { self.inner.alloc_zeroed(layout) }, layout.size())
     }
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        credit(layout.size());
+        if rust_face::with(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
+            credit_freed(ptr, layout.size());
+        }
     }
 
     #[inline]
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old_size = layout.size();
+        if old_size.max(new_size) as u64 >= OWNED_MIN {
+            // SAFETY: forwarded contract.
+            return unsafe { self.realloc_big(ptr, layout, new_size) };
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.realloc_counted(ptr, layout, new_size) }
+    }
+}
+
+impl<A: GlobalAlloc> QuotaAlloc<A> {
+    /// `alloc` past the fast path: the policy, then the allocation, then a big
+    /// block's owner record.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        if !engine::charge_slow(&RUST_FACE, layout.size() as i64) {
+            return std::ptr::null_mut();
+        }
+        let p = if zeroed {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.alloc_zeroed(layout) }
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.inner.alloc(layout) }
+        };
+        if p.is_null() {
+            credit(layout.size());
+        } else {
+            scope::note_alloc(&RUST_FACE, p as usize, layout.size() as u64);
+        }
+        p
+    }
+
+    /// A `realloc` from or to a big block: its owner record follows it to the
+    /// calling thread's scope.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_big(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old_size = layout.size();
+        let had = scope::note_realloc_begin(&RUST_FACE, ptr as usize, old_size as u64);
+        // SAFETY: forwarded contract.
+        let p = unsafe { self.realloc_counted(ptr, layout, new_size) };
+        scope::note_realloc_end(&RUST_FACE, ptr as usize, p as usize, old_size as u64, new_size as u64, had);
+        p
+    }
+
+    /// The accounting of a `realloc`: the growth charged before, the shrink credited
+    /// after.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
+    #[inline(always)]
+    unsafe fn realloc_counted(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old_size = layout.size();
         if new_size > old_size {
             let growth = new_size - old_size;

@@ -100,6 +100,8 @@ fn serve(conn: &mut TcpStream) {
         ("GET", "/metrics") => {
             let mut text = String::with_capacity(4096);
             let _ = crate::export::write_prometheus(&mut text, &crate::stats());
+            let _ =
+                crate::export::write_scopes_prometheus(&mut text, &crate::MemoryManager::global().snapshot());
             respond(conn, "200 OK", "text/plain; version=0.0.4", text.as_bytes())
         }
         ("GET", "/stats.json") => {
@@ -107,7 +109,14 @@ fn serve(conn: &mut TcpStream) {
             let _ = crate::export::write_json(&mut text, &crate::stats());
             respond(conn, "200 OK", "application/json", text.as_bytes())
         }
-        ("GET", _) => respond(conn, "404 Not Found", "text/plain", b"try /metrics or /stats.json\n"),
+        ("GET", "/scopes.json") => {
+            let mut text = String::with_capacity(2048);
+            let _ = crate::export::write_scopes_json(&mut text, &crate::MemoryManager::global().snapshot());
+            respond(conn, "200 OK", "application/json", text.as_bytes())
+        }
+        ("GET", _) => {
+            respond(conn, "404 Not Found", "text/plain", b"try /metrics, /stats.json or /scopes.json\n")
+        }
         ("", _) => respond(conn, "400 Bad Request", "text/plain", b"bad request\n"),
         _ => respond(conn, "405 Method Not Allowed", "text/plain", b"GET only\n"),
     };

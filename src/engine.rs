@@ -152,7 +152,7 @@ fn heap_mode() -> HeapMode {
 /// `MALLOC_CONF`. A bad value must never leave the process silently unlimited: it
 /// prints the error and exits with status 2.
 #[inline]
-fn ensure_configured() {
+pub(crate) fn ensure_configured() {
     if SETTINGS.state.load(Acquire) != READY {
         configure_from_env();
     }
@@ -194,7 +194,7 @@ fn reclaimer() -> Option<&'static ReclaimFn> {
     unsafe { p.as_ref() }.map(|b| &**b)
 }
 
-fn face() -> &'static Face {
+pub(crate) fn face() -> &'static Face {
     // SAFETY: FACE only ever holds pointers to `&'static Face` values.
     unsafe { &*FACE.load(Relaxed) }
 }
@@ -220,10 +220,19 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
     }
     ACCOUNT.add(ledger::settle(l, face));
     if bytes <= 0 {
-        ACCOUNT.add(bytes);
+        ACCOUNT.add(ledger::attribute(l, bytes));
         return true;
     }
-    admit(l, face, bytes)
+    match ledger::scope_of(l) {
+        0 => admit(l, face, bytes),
+        // Under Enforcement::Gates an allocation is never refused, not even by its
+        // scope's share: it is charged to the scope and counted.
+        scope if !policing_allocations() => {
+            count_only(crate::scope::attribute(scope, bytes));
+            true
+        }
+        scope => crate::scope::admit_attached(l, face, scope, bytes),
+    }
 }
 
 /// Call in a `fork` child (a `pthread_atfork` child handler): resets what the
@@ -237,6 +246,7 @@ pub unsafe fn after_fork_child(face: &'static Face) {
     unsafe {
         COORDINATOR.after_fork_child();
         report::after_fork_child();
+        crate::scope::after_fork_child();
     }
     WORKER_STARTED.store(false, Relaxed);
     ledger::after_fork_child((face.local)());
@@ -290,7 +300,7 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
     }
     ACCOUNT.add(ledger::settle(l, face));
     let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-    police(l, face, bytes, |ceiling| {
+    police(l, face, bytes, OnOom::Abort, |ceiling| {
         let native = ACCOUNT.native();
         if native.saturating_add(bytes) <= ceiling {
             Ok(native.saturating_add(bytes))
@@ -332,17 +342,44 @@ pub fn flush_thread(face: &'static Face) {
     }
 }
 
-fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
-    if !SETTINGS.police_allocations.load(Relaxed) {
+/// The hard limit in bytes (`i64::MAX`: none), for the scopes' execution pool.
+pub(crate) fn limit_bytes() -> i64 {
+    quota().limit
+}
+
+/// Adds `bytes` to the process account if that stays under the limit, with no
+/// reclaim and no report: a scope's first try before it spills.
+pub(crate) fn fits(bytes: i64) -> bool {
+    let quota = quota();
+    let heap = heap_probe::read().counted(heap_mode());
+    match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
+        Ok(native) => {
+            if quota.pressure(native, heap) == Pressure::Soft {
+                request_background(Quota::excess(native, heap, quota.soft));
+            }
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Whether allocations themselves are policed ([`Enforcement::Allocations`]).
+pub(crate) fn policing_allocations() -> bool {
+    SETTINGS.police_allocations.load(Relaxed)
+}
+
+/// An allocation's admission: policed, or under [`Enforcement::Gates`] only counted.
+pub(crate) fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
+    if !policing_allocations() {
         count_only(bytes);
         return true;
     }
-    police(l, face, bytes, |ceiling| ACCOUNT.try_add(bytes, ceiling))
+    admit_as(l, face, bytes, OnOom::Abort)
 }
 
 /// [`Enforcement::Gates`]: the allocation is taken; under pressure a background
 /// reclaim is asked for, and a grant past the limit is counted as an over-commit.
-fn count_only(bytes: i64) {
+pub(crate) fn count_only(bytes: i64) {
     let quota = quota();
     let heap = heap_probe::read().counted(heap_mode());
     let native = ACCOUNT.add(bytes);
@@ -356,10 +393,23 @@ fn count_only(bytes: i64) {
     }
 }
 
-/// The policy: admits `bytes` through `take(ceiling)` (which takes them, or only
-/// checks that they fit: `Ok(new total)` or `Err(total that left no room)`), running
-/// synchronous reclaims while they help, and refuses with a report otherwise.
-fn police(l: &Local, face: &Face, bytes: i64, take: impl Fn(i64) -> std::result::Result<i64, i64>) -> bool {
+/// The policy, whatever the enforcement (a scope's explicit reservation is a gate of
+/// its own). `worst` caps the OOM policy: `OnOom::Null` for a request that reports
+/// failure itself (a scope's explicit reservation) and must never abort.
+pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool {
+    police(l, face, bytes, worst, |ceiling| ACCOUNT.try_add(bytes, ceiling))
+}
+
+/// Admits `bytes` through `take(ceiling)` (which takes them, or only checks that they
+/// fit: `Ok(new total)` or `Err(total that left no room)`), running synchronous
+/// reclaims while they help, and refuses with a report otherwise.
+fn police(
+    l: &Local,
+    face: &Face,
+    bytes: i64,
+    worst: OnOom,
+    take: impl Fn(i64) -> std::result::Result<i64, i64>,
+) -> bool {
     let quota = quota();
     let mode = heap_mode();
     let mut throttle = None;
@@ -401,12 +451,14 @@ fn police(l: &Local, face: &Face, bytes: i64, take: impl Fn(i64) -> std::result:
             }
         }
     }
-    refuse(bytes, throttle)
+    refuse(bytes, throttle, worst)
 }
 
-fn refuse(bytes: i64, throttle: Option<Throttle>) -> bool {
+/// Counts and reports a refusal, then aborts if the policy says so and `worst` allows.
+pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>, worst: OnOom) -> bool {
     OOMS.fetch_add(1, Relaxed);
-    let policy = if SETTINGS.abort.load(Relaxed) { OnOom::Abort } else { OnOom::Null };
+    let abort = SETTINGS.abort.load(Relaxed) && worst == OnOom::Abort;
+    let policy = if abort { OnOom::Abort } else { OnOom::Null };
     report::emit(&Refusal {
         requested: bytes as u64,
         stats: stats(),

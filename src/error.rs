@@ -24,6 +24,20 @@ pub enum Error {
     },
     /// The JVM could not be reached or driven (feature `jvm`).
     Jvm(String),
+    /// The scope has ended (or the handle never named one).
+    ScopeEnded,
+    /// The scope or consumer table is full.
+    TooManyScopes,
+    /// A reservation was refused: spills, waits and reclaims made too little room.
+    Refused {
+        /// The bytes asked for.
+        requested: u64,
+    },
+    /// A spill (or reclaim) callback tried to reserve memory itself.
+    ReserveInSpill {
+        /// The bytes asked for.
+        requested: u64,
+    },
 }
 
 impl fmt::Display for Error {
@@ -34,6 +48,12 @@ impl fmt::Display for Error {
             }
             Error::BadConfig { setting, reason } => write!(f, "memquota: bad {setting}: {reason}"),
             Error::Jvm(why) => write!(f, "memquota: JVM: {why}"),
+            Error::ScopeEnded => f.write_str("memquota: the scope has ended"),
+            Error::TooManyScopes => f.write_str("memquota: too many scopes or consumers"),
+            Error::Refused { requested } => write!(f, "memquota: reservation of {requested} bytes refused"),
+            Error::ReserveInSpill { requested } => {
+                write!(f, "memquota: a spill callback tried to reserve {requested} bytes")
+            }
         }
     }
 }

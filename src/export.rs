@@ -2,6 +2,7 @@
 //! into any `fmt::Write`, so a caller can render into a fixed buffer without a heap.
 
 use crate::config::HeapMode;
+use crate::scope::{ScopeSnapshot, ScopeStats};
 use crate::stats::Stats;
 use std::fmt::{self, Write};
 
@@ -118,6 +119,154 @@ pub fn write_json(w: &mut impl Write, s: &Stats) -> fmt::Result {
     write!(w, ",\"heap_counted\":\"{heap}\",\"threads\":{},\"refuse_min\":{}}}", s.threads, s.refuse_min)
 }
 
+/// Writes `s` escaped for a Prometheus label value or a JSON string (the two agree on
+/// `\\`, `\"` and `\n`; other control characters become spaces).
+fn escaped(w: &mut impl Write, s: &str) -> fmt::Result {
+    for c in s.chars() {
+        match c {
+            '\\' => w.write_str("\\\\")?,
+            '"' => w.write_str("\\\"")?,
+            '\n' => w.write_str("\\n")?,
+            c if c.is_control() => w.write_char(' ')?,
+            c => w.write_char(c)?,
+        }
+    }
+    Ok(())
+}
+
+/// Per-scope figures of one scope, in exposition order.
+fn scope_metrics(s: &ScopeStats) -> [(&'static str, i64); 7] {
+    let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    [
+        ("memquota_scope_held_bytes", i(s.held)),
+        ("memquota_scope_peak_bytes", i(s.peak)),
+        ("memquota_scope_allocated_bytes", s.allocated),
+        ("memquota_scope_reserved_bytes", i(s.reserved)),
+        ("memquota_scope_threads", i64::from(s.threads)),
+        ("memquota_scope_waits_total", i(s.waits)),
+        ("memquota_scope_refusals_total", i(s.refusals)),
+    ]
+}
+
+const SCOPE_HELP: [(&str, &str, &str); 9] = [
+    (
+        "memquota_scope_held_bytes",
+        "gauge",
+        "What the scope is charged: the larger of allocated and reserved.",
+    ),
+    ("memquota_scope_peak_bytes", "gauge", "The highest charge of the scope."),
+    ("memquota_scope_allocated_bytes", "gauge", "Bytes the scope's threads allocated minus freed (flushed)."),
+    ("memquota_scope_reserved_bytes", "gauge", "Bytes the scope reserved explicitly."),
+    ("memquota_scope_threads", "gauge", "Threads attached to the scope."),
+    ("memquota_scope_waits_total", "counter", "Requests of the scope that waited for their fair share."),
+    ("memquota_scope_refusals_total", "counter", "Requests of the scope refused."),
+    ("memquota_scope_consumer_bytes", "gauge", "Bytes a spillable consumer reserved."),
+    ("memquota_scope_consumer_spills_total", "counter", "Times a consumer was asked to spill."),
+];
+
+fn scope_label(w: &mut impl Write, s: &ScopeStats) -> fmt::Result {
+    w.write_str("scope=\"")?;
+    escaped(w, &s.name)?;
+    write!(w, "\",id=\"{}\"", s.id)
+}
+
+/// Writes per-scope figures in the Prometheus text format, labelled
+/// `{scope="name",id="7"}` (consumers add `consumer="name"`), then the manager's
+/// totals. Append it to [`write_prometheus`]'s output.
+pub fn write_scopes_prometheus(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Result {
+    let totals: [(&str, &str, &str, u64); 7] = [
+        ("memquota_scopes_active", "gauge", "Scopes running.", snap.scopes.len() as u64),
+        ("memquota_scope_pool_bytes", "gauge", "The execution pool the fair share divides.", snap.pool),
+        ("memquota_scope_share_bytes", "gauge", "Each scope's fair share now.", snap.share),
+        (
+            "memquota_scope_leaked_bytes_total",
+            "counter",
+            "Bytes scopes still held when they ended.",
+            snap.leaked_bytes,
+        ),
+        ("memquota_scope_spills_total", "counter", "Spill callbacks run.", snap.spills),
+        (
+            "memquota_scope_spilled_bytes_total",
+            "counter",
+            "Bytes spill callbacks said they freed.",
+            snap.spilled_bytes,
+        ),
+        (
+            "memquota_scope_reserve_in_spill_total",
+            "counter",
+            "Reservations refused inside a callback.",
+            snap.reserve_in_spill,
+        ),
+    ];
+    for (name, kind, help, value) in totals {
+        writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}")?;
+    }
+    for (k, (name, kind, help)) in SCOPE_HELP.iter().enumerate() {
+        writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}")?;
+        for s in &snap.scopes {
+            if k < 7 {
+                write!(w, "{name}{{")?;
+                scope_label(w, s)?;
+                writeln!(w, "}} {}", scope_metrics(s)[k].1)?;
+                continue;
+            }
+            for c in &s.consumers {
+                write!(w, "{name}{{")?;
+                scope_label(w, s)?;
+                w.write_str(",consumer=\"")?;
+                escaped(w, &c.name)?;
+                writeln!(w, "\"}} {}", if k == 7 { c.used } else { c.spills })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes the scopes as one JSON object: the totals, and `"scopes"`, an array with
+/// each scope's figures and its `"consumers"`.
+pub fn write_scopes_json(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Result {
+    write!(
+        w,
+        "{{\"pool_bytes\":{},\"share_bytes\":{},\"begun\":{},\"ended\":{},\"leaked_bytes\":{},\"spills\":{},\"spilled_bytes\":{},\"waits\":{},\"refusals\":{},\"reserve_in_spill\":{},\"owner_records\":{},\"owner_overflows\":{},\"scopes\":[",
+        snap.pool,
+        snap.share,
+        snap.begun,
+        snap.ended,
+        snap.leaked_bytes,
+        snap.spills,
+        snap.spilled_bytes,
+        snap.waits,
+        snap.refusals,
+        snap.reserve_in_spill,
+        snap.owner_records,
+        snap.owner_overflows
+    )?;
+    for (i, s) in snap.scopes.iter().enumerate() {
+        w.write_str(if i == 0 { "{\"name\":\"" } else { ",{\"name\":\"" })?;
+        escaped(w, &s.name)?;
+        write!(w, "\",\"id\":{},\"priority\":{}", s.id, s.priority)?;
+        for (name, value) in scope_metrics(s) {
+            write!(w, ",\"{}\":{value}", name.trim_start_matches("memquota_scope_"))?;
+        }
+        match s.cap {
+            Some(cap) => write!(w, ",\"cap_bytes\":{cap}")?,
+            None => w.write_str(",\"cap_bytes\":null")?,
+        }
+        w.write_str(",\"consumers\":[")?;
+        for (j, c) in s.consumers.iter().enumerate() {
+            w.write_str(if j == 0 { "{\"name\":\"" } else { ",{\"name\":\"" })?;
+            escaped(w, &c.name)?;
+            write!(
+                w,
+                "\",\"bytes\":{},\"peak_bytes\":{},\"spills\":{},\"spilled_bytes\":{}}}",
+                c.used, c.peak, c.spills, c.spilled_bytes
+            )?;
+        }
+        w.write_str("]}")?;
+    }
+    w.write_str("]}")
+}
+
 /// A `fmt::Write` over a byte slice that counts what did not fit, for C callers that
 /// want `snprintf` semantics: the text is cut, the count is the full length.
 pub struct SliceWriter<'a> {
@@ -171,6 +320,46 @@ mod tests {
         write_json(&mut json, &s).unwrap();
         assert!(json.starts_with("{\"limit_bytes\":100,") && json.ends_with('}'), "{json}");
         assert!(json.contains("\"reclaims_total_sync\":2") && json.contains("\"heap_committed_bytes\":10"));
+    }
+
+    #[test]
+    fn scopes_export_with_labels() {
+        let snap = ScopeSnapshot {
+            pool: 1000,
+            scopes: vec![ScopeStats {
+                name: "stage \"1\"".into(),
+                id: 7,
+                held: 300,
+                allocated: 200,
+                reserved: 300,
+                consumers: vec![crate::scope::ConsumerStats {
+                    name: "sort".into(),
+                    used: 100,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut prom = String::new();
+        write_scopes_prometheus(&mut prom, &snap).unwrap();
+        assert!(
+            prom.contains("memquota_scope_held_bytes{scope=\"stage \\\"1\\\"\",id=\"7\"} 300\n"),
+            "{prom}"
+        );
+        assert!(prom.contains(
+            "memquota_scope_consumer_bytes{scope=\"stage \\\"1\\\"\",id=\"7\",consumer=\"sort\"} 100\n"
+        ));
+        assert!(prom.contains("memquota_scopes_active 1\n"));
+        let mut json = String::new();
+        write_scopes_json(&mut json, &snap).unwrap();
+        assert!(
+            json.contains(
+                "\"scopes\":[{\"name\":\"stage \\\"1\\\"\",\"id\":7,\"priority\":0,\"held_bytes\":300"
+            ),
+            "{json}"
+        );
+        assert!(json.contains("\"consumers\":[{\"name\":\"sort\",\"bytes\":100"), "{json}");
     }
 
     #[test]

@@ -21,9 +21,10 @@
 //! storage of its own ([`Face`]): the Rust face in `rust_face.rs`, the preload in
 //! initial-exec TLS.
 //!
-//! Scopes (task memory managers) plug in here: a per-thread "current scope" slot
-//! beside `delta`, flushed with it when the thread changes scope, keeps the fast
-//! path exactly as it is.
+//! Scopes (task memory managers, `scope/`) plug in here: a per-thread "current
+//! scope" slot beside `delta`. Every flush attributes the delta to that scope, and a
+//! thread that changes scope settles its delta into the old one first, so the fast
+//! path stays exactly as it is.
 
 use crate::account::Account;
 use std::cell::Cell;
@@ -93,6 +94,9 @@ pub struct Local {
     /// Set while this thread runs memquota's own slow path (policy, reclaim callback,
     /// report): allocations made there are charged but never policed.
     busy: Cell<bool>,
+    /// The scope this thread is attached to (a raw scope handle; 0: none). Read on the
+    /// slow path only.
+    scope: Cell<u64>,
 }
 
 impl Local {
@@ -103,6 +107,7 @@ impl Local {
             slack: Cell::new(0),
             phase: Cell::new(Phase::Fresh),
             busy: Cell::new(false),
+            scope: Cell::new(0),
         }
     }
 }
@@ -196,7 +201,25 @@ pub(crate) fn settle(l: &Local, face: &Face) -> i64 {
     }
     let d = take_delta(l);
     set_slack(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
-    d
+    crate::scope::attribute(l.scope.get(), d)
+}
+
+/// The raw handle of the thread's scope (0: none).
+pub(crate) fn scope_of(l: &Local) -> u64 {
+    l.scope.get()
+}
+
+/// Attributes `bytes` charged on the slow path to the thread's scope; returns the
+/// change the process account must see.
+pub(crate) fn attribute(l: &Local, bytes: i64) -> i64 {
+    crate::scope::attribute(l.scope.get(), bytes)
+}
+
+/// Moves the thread to scope `to`, settling its delta into the scope it leaves (and
+/// that into the account). Returns the scope it left.
+pub(crate) fn switch_scope(l: &Local, face: &Face, to: u64) -> u64 {
+    ACCOUNT.add(settle(l, face));
+    l.scope.replace(to)
 }
 
 /// The exit flush: moves the thread's delta to the account and makes every later
@@ -205,7 +228,9 @@ pub fn thread_exit(l: &Local) {
     if l.phase.replace(Phase::Exited) == Phase::Live {
         LIVE_THREADS.fetch_sub(1, Relaxed);
     }
-    ACCOUNT.add(take_delta(l));
+    let scope = l.scope.replace(0);
+    ACCOUNT.add(crate::scope::attribute(scope, take_delta(l)));
+    crate::scope::thread_exited(scope);
     set_slack(l, 0);
 }
 
@@ -231,7 +256,7 @@ fn set_slack(l: &Local, slack: u64) {
 
 /// Charges `bytes` from inside our own slow path: straight to the account, no policy.
 pub(crate) fn charge_nested(l: &Local, bytes: i64) {
-    ACCOUNT.add(take_delta(l).wrapping_add(bytes));
+    ACCOUNT.add(crate::scope::attribute(l.scope.get(), take_delta(l).wrapping_add(bytes)));
 }
 
 /// The thread's unflushed delta in bytes.

@@ -43,6 +43,8 @@ mod report;
 #[cfg(not(loom))]
 mod rust_face;
 #[cfg(not(loom))]
+mod scope;
+#[cfg(not(loom))]
 mod stats;
 
 #[cfg(all(test, loom))]
@@ -56,6 +58,10 @@ mod loom_tests;
 pub mod face {
     pub use crate::engine::{after_fork_child, charge_slow, flush_thread, make_room, record};
     pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
+    pub use crate::scope::{
+        attach_raw, begin_raw, detach_raw, end_raw, note_alloc, note_free, note_realloc_begin,
+        note_realloc_end, release_raw, reserve_raw, OWNED_MIN,
+    };
 }
 
 pub use config::{
@@ -71,10 +77,14 @@ pub use {
     alloc::QuotaAlloc,
     endpoint::{serve_metrics, DEFAULT_METRICS_ADDR},
     engine::{clear_reclaim, init, on_reclaim, set_enforcement, set_limit, stats, Enforcement, ReclaimFn},
-    export::{write_json, write_prometheus, SliceWriter},
+    export::{write_json, write_prometheus, write_scopes_json, write_scopes_prometheus, SliceWriter},
     heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},
     ledger::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},
     report::{last_report, set_report_hook, write_stderr, ReportHook, REPORT_CAPACITY},
     rust_face::{flush, thread_pending},
+    scope::{
+        AttachGuard, Consumer, ConsumerStats, MemoryManager, Reservation, ScopeHandle, ScopeReport,
+        ScopeSnapshot, ScopeStats, SpillFn, TaskScope, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN,
+    },
     stats::{JemallocStats, Stats},
 };

@@ -66,6 +66,15 @@ pub(crate) struct Refusal {
     pub(crate) policy: OnOom,
 }
 
+/// Hands a short notice (a scope's leak, a callback that reserved) to the hook,
+/// formatted in a fixed buffer.
+pub(crate) fn note(args: fmt::Arguments<'_>) {
+    let mut buf = FixedBuf::new();
+    let _ = buf.write_fmt(args);
+    let hook = *lock(&HOOK);
+    hook(buf.as_str());
+}
+
 /// Writes the report and hands it to the hook.
 pub(crate) fn emit(refusal: &Refusal) {
     let mut buf = FixedBuf::new();
@@ -128,6 +137,7 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
             if rec.panicked { "  (callback panicked)" } else { "" }
         )?;
     }
+    crate::scope::write_tree(w)?;
     let j = &s.jemalloc;
     writeln!(
         w,

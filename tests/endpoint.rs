@@ -19,6 +19,7 @@ fn main() {
         ("scrape_parses_as_prometheus_and_json_matches", scrape_parses),
         ("bad_requests_get_errors_and_the_server_lives", bad_requests),
         ("held_open_connections_do_not_disturb_the_host", held_open_connections),
+        ("scopes_are_scraped_with_labels", scopes_are_scraped),
     ]);
 }
 
@@ -93,6 +94,27 @@ fn scrape_parses() {
     assert!(json.contains("Content-Type: application/json"));
     let j = body(&json);
     assert!(j.starts_with('{') && j.ends_with('}') && j.contains("\"limit_bytes\":1073741824"), "{j}");
+}
+
+fn scopes_are_scraped() {
+    let task = memquota::MemoryManager::global().begin("scraped task", 77, 0).unwrap();
+    let r = task.reserve(5 << 20).unwrap();
+    let response = exchange(b"GET /metrics HTTP/1.0\r\n\r\n");
+    let lines = body(&response).lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    let held = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "memquota_scope_held_bytes" && s.labels.get("id") == Some("77"))
+        .expect("the scope's series");
+    // (Escaping is pinned by export's unit test: this parser does not unescape.)
+    assert_eq!(held.labels.get("scope"), Some("scraped task"));
+    assert!(matches!(held.value, prometheus_parse::Value::Gauge(v) if v == (5u64 << 20) as f64));
+    let json = exchange(b"GET /scopes.json HTTP/1.0\r\n\r\n");
+    let j = body(&json);
+    assert!(j.contains("{\"name\":\"scraped task\",\"id\":77,\"priority\":0,\"held_bytes\":5242880"), "{j}");
+    drop(r);
+    assert!(!task.end().is_leak());
 }
 
 fn bad_requests() {

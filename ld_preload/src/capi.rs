@@ -2,7 +2,9 @@
 
 use crate::tls::FACE;
 use libc::{c_char, c_int, c_void, size_t};
-use memquota_core::{face, HeapBytes, SliceWriter};
+use memquota_core::{face, Error, HeapBytes, SliceWriter};
+use std::ffi::CStr;
+use std::fmt::Write;
 
 /// Writes the stats as one JSON object into `buf` (NUL-terminated, cut to `len`), like
 /// `snprintf`. Returns the length of the whole text, without the NUL: a return value
@@ -85,4 +87,100 @@ pub unsafe extern "C" fn memquota_on_reclaim(callback: Option<ReclaimCallback>, 
             });
         }
     }
+}
+
+/// Writes `text` into `buf` like `snprintf` (cut, NUL-terminated when `len > 0`).
+///
+/// # Safety
+/// `buf` is null with `len` 0, or valid for `len` bytes.
+unsafe fn write_c(buf: *mut c_char, len: size_t, text: impl std::fmt::Display) {
+    if buf.is_null() || len == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) };
+    let room = len - 1;
+    let mut w = SliceWriter::new(&mut out[..room]);
+    let _ = write!(w, "{text}");
+    let end = w.len().min(room);
+    out[end] = 0;
+}
+
+/// Begins a scope (a task) named `name` (may be null) with an id and a priority
+/// (lower is spilled first by other scopes). Returns its handle, or 0 if too many
+/// scopes are alive.
+///
+/// # Safety
+/// `name` is null or a NUL-terminated string.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn memquota_scope_begin(name: *const c_char, id: u64, priority: i32) -> u64 {
+    let name = if name.is_null() {
+        ""
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("")
+    };
+    face::begin_raw(name, id, priority).unwrap_or(0)
+}
+
+/// Ends a scope. Returns the bytes its threads allocated and nobody freed (a leak,
+/// now counted for the process), or `-EINVAL` for a scope that is not running. The
+/// report (what it still held and reserved, attached threads, consumers) is written
+/// into `report` like `snprintf`.
+///
+/// # Safety
+/// `report` is null with `len` 0, or valid for `len` bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn memquota_scope_end(scope: u64, report: *mut c_char, len: size_t) -> i64 {
+    match face::end_raw(scope) {
+        Ok(r) => {
+            // SAFETY: the caller's contract.
+            unsafe { write_c(report, len, &r) };
+            i64::try_from(r.leaked_bytes).unwrap_or(i64::MAX)
+        }
+        Err(_) => -i64::from(libc::EINVAL),
+    }
+}
+
+/// Attaches the calling thread to a scope: its allocations are charged to it until
+/// `memquota_scope_detach`. Replaces any scope the thread was in. Returns 0, or
+/// `EINVAL` for a scope that is not running.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_scope_attach(scope: u64) -> c_int {
+    match face::attach_raw(&FACE, scope) {
+        Ok(_) => 0,
+        Err(_) => libc::EINVAL,
+    }
+}
+
+/// Detaches the calling thread from its scope. Returns 0, or `EINVAL` if it was in
+/// none.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_scope_detach() -> c_int {
+    if face::detach_raw(&FACE, 0) != 0 {
+        0
+    } else {
+        libc::EINVAL
+    }
+}
+
+/// Reserves `bytes` for a scope; with `partial` non-zero, as much as its fair share
+/// allows. May spill consumers and wait (bounded) for memory to be freed. Returns the
+/// bytes granted, or `-ENOMEM` (refused, with an OOM report), `-EINVAL` (scope not
+/// running), `-EDEADLK` (called from a spill or reclaim callback).
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_scope_reserve(scope: u64, bytes: u64, partial: c_int) -> i64 {
+    match face::reserve_raw(&FACE, scope, bytes, 0, partial != 0) {
+        Ok(granted) => i64::try_from(granted).unwrap_or(i64::MAX),
+        Err(Error::ScopeEnded) => -i64::from(libc::EINVAL),
+        Err(Error::ReserveInSpill { .. }) => -i64::from(libc::EDEADLK),
+        Err(_) => -i64::from(libc::ENOMEM),
+    }
+}
+
+/// Gives back `bytes` a scope reserved. Returns 0.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_scope_release(scope: u64, bytes: u64) -> c_int {
+    face::release_raw(scope, bytes, 0);
+    0
 }

@@ -95,8 +95,11 @@ fn charge_first(n: size_t) -> *mut c_void {
 /// Charges `size` usable bytes (0: too large to allocate), then lets `take` allocate;
 /// gives the charge back if jemalloc fails.
 fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
-    if size == 0 || !charge(size) {
+    if size == 0 {
         return enomem();
+    }
+    if !face::try_charge(local(), size as u64) {
+        return charged_slow(size, take);
     }
     let p = take();
     if p.is_null() {
@@ -104,6 +107,44 @@ fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
         return enomem();
     }
     p
+}
+
+/// [`charged`] past the fast path: a big block also gets its owner record, so a free
+/// on any thread credits the scope that allocated it.
+#[cold]
+#[inline(never)]
+fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    if !slow(size as i64) {
+        return enomem();
+    }
+    let p = take();
+    if p.is_null() {
+        credit(size);
+        return enomem();
+    }
+    face::note_alloc(&FACE, p as usize, size as u64);
+    p
+}
+
+/// Credits the `size` bytes of the block `free` just gave back (in `Slot::freeing`);
+/// the slow path first looks for the block's owner record.
+#[inline(always)]
+fn credit_freed(size: usize) {
+    if !face::try_credit(local(), size as u64) {
+        credit_freed_slow(size);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn credit_freed_slow(size: usize) {
+    let p = slot().freeing.get();
+    let saved = errno();
+    let owned = face::note_free(p as usize, size as u64);
+    set_errno(saved);
+    if !owned {
+        slow(-(size as i64));
+    }
 }
 
 /// Allocates with an alignment that is a power of two.
@@ -124,7 +165,9 @@ fn release(p: *mut c_void) {
     if p.is_null() {
         return;
     }
-    let freed = slot().deallocated.get();
+    let s = slot();
+    s.freeing.set(p);
+    let freed = s.deallocated.get();
     let size = if freed.is_null() {
         // SAFETY: `p` is a live jemalloc allocation (the caller's contract for free).
         let size = unsafe { jem::sallocx(p, 0) };
@@ -140,7 +183,7 @@ fn release(p: *mut c_void) {
         // SAFETY: as above.
         (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
     };
-    credit(size);
+    credit_freed(size);
 }
 
 fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
@@ -157,8 +200,14 @@ fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     if estimate == 0 {
         return enomem();
     }
+    let big = old.max(estimate) as u64 >= face::OWNED_MIN;
+    // A big block's owner record follows it to the calling thread's scope.
+    let had = big && face::note_realloc_begin(&FACE, p as usize, old as u64);
     let grow = estimate.saturating_sub(old);
     if grow > 0 && !charge(grow) {
+        if had {
+            face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
+        }
         return enomem();
     }
     // SAFETY: `p` is live, n >= 1.
@@ -166,6 +215,9 @@ fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     if q.is_null() {
         if grow > 0 {
             credit(grow);
+        }
+        if had {
+            face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
         }
         return enomem();
     }
@@ -175,6 +227,9 @@ fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     let counted = old + grow;
     if now != counted {
         face::record(&FACE, now as i64 - counted as i64);
+    }
+    if big {
+        face::note_realloc_end(&FACE, p as usize, q as usize, old as u64, now as u64, had);
     }
     q
 }

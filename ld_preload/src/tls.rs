@@ -21,6 +21,9 @@ pub(crate) struct Slot {
     pub(crate) allocated: Cell<*const u64>,
     /// jemalloc's `thread.deallocatedp`; null until the thread's first slow path.
     pub(crate) deallocated: Cell<*const u64>,
+    /// The block `free` is giving back, for its slow path's owner lookup (a store
+    /// costs the fast path less than keeping the pointer live across the call).
+    pub(crate) freeing: Cell<*mut libc::c_void>,
 }
 
 #[cfg(not(target_arch = "x86_64"))]

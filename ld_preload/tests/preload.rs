@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 struct Built {
     probe: PathBuf,
+    scopes: PathBuf,
     tls_lib: PathBuf,
     cxx: PathBuf,
 }
@@ -28,7 +29,13 @@ fn built() -> &'static Built {
             let status = Command::new(compiler).current_dir(&src).args(args).status().unwrap();
             assert!(status.success(), "{compiler} {args:?} failed");
         };
-        let b = Built { probe: out.join("probe"), tls_lib: out.join("libtls.so"), cxx: out.join("cxx") };
+        let b = Built {
+            probe: out.join("probe"),
+            scopes: out.join("scopes"),
+            tls_lib: out.join("libtls.so"),
+            cxx: out.join("cxx"),
+        };
+        cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-w", "-pthread", "probe.c", "-o", b.probe.to_str().unwrap(), "-ldl"]);
         cc("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c", "-o", b.tls_lib.to_str().unwrap()]);
         cc("g++", &["-O1", "-std=c++17", "cxx.cc", "-o", b.cxx.to_str().unwrap()]);
@@ -124,6 +131,35 @@ fn header_matches_the_c_abi_exports() {
     {
         assert!(exported.contains(name), "{name}");
     }
+}
+
+#[test]
+fn scopes_through_the_c_abi() {
+    let out = preloaded(&built().scopes, &[], &[]);
+    assert_ok(&out, "scopes");
+    let stdout = text(&out.stdout);
+    let value = |key: &str| -> String {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("{key}: {stdout}"));
+        line[key.len() + 1..].to_owned()
+    };
+    assert_eq!(value("reserve"), (8 << 20).to_string());
+    assert_eq!(value("partial"), (1 << 20).to_string());
+    // 100 blocks of 1000 bytes (1024 usable) are left; both big blocks were freed on
+    // other threads and credited to the task.
+    assert_eq!(value("leaked"), (100 * 1024).to_string(), "{stdout}");
+    let report = value("report");
+    assert!(
+        report.contains("scope \"c-task\" (id 42) ended; managed memory leak detected: 100.0 KiB"),
+        "{report}"
+    );
+    assert!(report.contains("1.0 MiB (1048576) still reserved"), "{report}");
+    assert_eq!(value("end_again"), (-libc::EINVAL).to_string());
+    assert_eq!(value("attach_ended"), libc::EINVAL.to_string());
+    assert_eq!(value("reserve_ended"), (-libc::EINVAL).to_string());
+    assert_eq!(value("conversion_leaked"), "0", "{stdout}");
 }
 
 #[test]

@@ -1,0 +1,191 @@
+//! Admission of a scope's request: the fair share, Spark's spill order, bounded
+//! waits woken on free, then the process budget (with its reclaim and report).
+//!
+//! Runs with the calling thread busy-marked (inside `charge_slow`, or `reserve`
+//! marks it): spill callbacks and reclaims may allocate, charged and never policed.
+//! No lock is held across a callback, a wait, or the process admission.
+
+use super::pool::{Ask, Decision, POOL};
+use super::spill::{self, Cursor};
+use crate::config::OnOom;
+use crate::engine;
+use crate::ledger::{self, Face, Local, ACCOUNT};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Requests in flight that may wait; a free wakes waiters only when there are any.
+static WAITERS: AtomicU32 = AtomicU32::new(0);
+/// Bumped by a free while someone may wait.
+static FREE_GEN: AtomicU64 = AtomicU64::new(0);
+// std's futex-based lock and condvar: they never allocate.
+static WAIT: Mutex<()> = Mutex::new(());
+static FREED: Condvar = Condvar::new();
+/// The longest a request waits for its fair share, in milliseconds.
+static WAIT_MS: AtomicU64 = AtomicU64::new(2000);
+/// The scope whose request is being refused (for the report).
+pub(crate) static REFUSING: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn set_wait(d: Duration) {
+    WAIT_MS.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Relaxed);
+}
+
+/// Called after a scope's charge went down: wakes requests waiting for their share.
+pub(crate) fn wake() {
+    if WAITERS.load(SeqCst) > 0 {
+        FREE_GEN.fetch_add(1, SeqCst);
+        let _g = WAIT.lock().unwrap_or_else(|e| e.into_inner());
+        FREED.notify_all();
+    }
+}
+
+fn wait_for_free(seen: u64, deadline: Instant) {
+    let mut g = WAIT.lock().unwrap_or_else(|e| e.into_inner());
+    while FREE_GEN.load(SeqCst) == seen {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        g = FREED.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+    }
+}
+
+struct Waiter;
+
+impl Waiter {
+    fn new() -> Waiter {
+        WAITERS.fetch_add(1, SeqCst);
+        Waiter
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        WAITERS.fetch_sub(1, SeqCst);
+    }
+}
+
+pub(crate) enum Outcome {
+    Granted(u64),
+    Ended,
+    Refused,
+}
+
+/// Why the last look came up short.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Short {
+    Scope,
+    Process,
+}
+
+/// Admits `ask` for scope `handle` on the calling thread (busy-marked by the caller).
+pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome {
+    let mut cursor = Cursor::new(handle, ask.consumer());
+    let mut waited_out = false;
+    // Registered as a waiter, and the deadline set, only once a wait is in view: a
+    // request that fits touches neither the shared counter nor the clock.
+    let mut waiter: Option<(Waiter, Instant)> = None;
+    loop {
+        // What a spill freed on this thread shows up here.
+        ACCOUNT.add(ledger::settle(l, face));
+        let seen = FREE_GEN.load(SeqCst);
+        let decision = POOL.lock().try_grant(handle, ask, false, !waited_out);
+        let (gap, short) = match decision {
+            Decision::Ended => return Outcome::Ended,
+            Decision::Granted { granted, dh } => match charge_process(handle, ask, granted, dh) {
+                true => return Outcome::Granted(granted),
+                false => (u64::try_from(dh).unwrap_or(0), Short::Process),
+            },
+            Decision::Wait { gap } if !waited_out => {
+                // Spark: a task below its minimum share waits for others to free,
+                // after its own consumers have spilled.
+                let next = cursor.next(&POOL.lock(), gap, true);
+                if let Some(k) = next {
+                    spill::run(k, gap);
+                    continue;
+                }
+                let Some((_, deadline)) = waiter else {
+                    // Register, then look again: a free from now on bumps FREE_GEN.
+                    let bound = Duration::from_millis(WAIT_MS.load(Relaxed));
+                    waiter = Some((Waiter::new(), Instant::now() + bound));
+                    continue;
+                };
+                if Instant::now() >= deadline {
+                    waited_out = true;
+                    continue;
+                }
+                POOL.lock().note_wait(handle);
+                wait_for_free(seen, deadline);
+                continue;
+            }
+            Decision::Wait { gap } | Decision::Short { gap } => (gap, Short::Scope),
+        };
+        let next = cursor.next(&POOL.lock(), gap, false);
+        if let Some(k) = next {
+            spill::run(k, gap);
+            continue;
+        }
+        // Nothing left to spill.
+        if partial {
+            if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, true, false) {
+                if charge_process(handle, ask, granted, dh) {
+                    return Outcome::Granted(granted);
+                }
+            }
+        }
+        return finish(l, face, handle, ask, short);
+    }
+}
+
+/// Adds a granted change to the process account if it fits under the limit; undoes
+/// the grant otherwise.
+fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
+    if dh <= 0 {
+        ACCOUNT.add(dh);
+        return true;
+    }
+    if engine::fits(dh) {
+        return true;
+    }
+    let undo = POOL.lock().apply(handle, ask, granted, -1);
+    // `dh` was never added; the undo's change is close to `-dh` but the scope may have
+    // moved meanwhile: the sum is what the account must see.
+    ACCOUNT.add(dh + undo);
+    false
+}
+
+/// The last step once spills are exhausted: the process budget's own admission (a
+/// reclaim, an over-commit for small requests, or a refusal with a report), or a
+/// refusal by the scope's share.
+fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcome {
+    if short == Short::Process {
+        if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, false, false) {
+            if dh <= 0 {
+                ACCOUNT.add(dh);
+                return Outcome::Granted(granted);
+            }
+            REFUSING.store(handle, Relaxed);
+            if engine::admit_as(l, face, dh, worst(ask)) {
+                REFUSING.store(0, Relaxed);
+                return Outcome::Granted(granted);
+            }
+            let undo = POOL.lock().apply(handle, ask, granted, -1);
+            ACCOUNT.add(dh + undo);
+            POOL.lock().note_refusal(handle);
+            return Outcome::Refused;
+        }
+    }
+    POOL.lock().note_refusal(handle);
+    REFUSING.store(handle, Relaxed);
+    engine::refuse(i64::try_from(ask.bytes()).unwrap_or(i64::MAX), None, worst(ask));
+    Outcome::Refused
+}
+
+/// The OOM policy's reach: an allocation follows it (null or abort); a reservation
+/// returns an error and never aborts.
+fn worst(ask: Ask) -> OnOom {
+    match ask {
+        Ask::Alloc(_) => OnOom::Abort,
+        Ask::Reserve { .. } => OnOom::Null,
+    }
+}

@@ -1,0 +1,297 @@
+//! Task memory managers inside the allocator: scoped budgets, spillable consumers
+//! and fair share, after Spark's TaskMemoryManager / ExecutionMemoryPool and Gluten's
+//! MemoryManager. See `docs/scopes.md`.
+//!
+//! * A thread attached to a scope (an RAII [`AttachGuard`]) has its allocations
+//!   charged to the scope as well as to the process. The fast path does not change:
+//!   the ledger's `Local` holds the thread's current scope, its delta is settled into
+//!   the old scope when the thread attaches or detaches, and every flush of the delta
+//!   is attributed to the scope the thread is in.
+//! * Big blocks ([`OWNED_MIN`] and up) carry an owner record, so a free on any thread
+//!   credits the scope that allocated them. Smaller blocks credit the scope of the
+//!   thread that frees them.
+//! * Explicit reservations and allocations share one account: a scope is charged the
+//!   larger of what it allocated and what it reserved.
+//! * Resources live here, in fixed tables; callers hold plain handles
+//!   ([`ScopeHandle`], [`Consumer`]) that go stale, harmlessly, when the scope ends.
+
+mod admit;
+mod figures;
+mod handles;
+mod lock;
+mod owner;
+mod pool;
+mod spill;
+
+pub use figures::{ConsumerStats, ScopeReport, ScopeSnapshot, ScopeStats};
+pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
+pub use owner::OWNED_MIN;
+pub use pool::{MAX_CONSUMERS, MAX_SCOPES};
+pub use spill::SpillFn;
+
+use crate::engine;
+use crate::error::{Error, Result};
+use crate::ledger::{self, Face, ACCOUNT};
+use pool::{Ask, POOL};
+use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+/// Adds `d` bytes of a thread in scope `handle` (0: none) to that scope; returns the
+/// change the process account must see. On the slow path only.
+pub(crate) fn attribute(handle: u64, d: i64) -> i64 {
+    if handle == 0 || d == 0 {
+        return d;
+    }
+    let dh = POOL.lock().attribute(handle, d);
+    if d < 0 {
+        admit::wake();
+    }
+    dh
+}
+
+/// A thread left scope `handle` by exiting.
+pub(crate) fn thread_exited(handle: u64) {
+    if handle != 0 {
+        POOL.lock().detach(handle);
+    }
+}
+
+/// A charge of `bytes` on a thread attached to `handle`, from `charge_slow` (busy).
+pub(crate) fn admit_attached(l: &ledger::Local, face: &Face, handle: u64, bytes: i64) -> bool {
+    match admit::acquire(l, face, handle, Ask::Alloc(bytes as u64), false) {
+        admit::Outcome::Granted(_) => true,
+        admit::Outcome::Refused => false,
+        admit::Outcome::Ended => engine::admit(l, face, bytes),
+    }
+}
+
+/// The scope tree for the OOM report.
+pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
+    let refusing = admit::REFUSING.swap(0, Relaxed);
+    let p = POOL.lock();
+    if let Some(s) = p.scope(refusing) {
+        writeln!(w, "  refused for scope {:?} (id {})", s.name, s.id)?;
+    }
+    p.write_tree(w)
+}
+
+/// Releases the scope locks in a `fork` child.
+///
+/// # Safety
+/// Only in the child, before it starts any thread.
+pub(crate) unsafe fn after_fork_child() {
+    // SAFETY: forwarded contract.
+    unsafe {
+        POOL.force_unlock();
+        owner::after_fork_child();
+        spill::after_fork_child();
+    }
+}
+
+// ---- faces: owner records of big blocks --------------------------------------------
+
+/// After a block of `size` bytes at `ptr` was allocated through the slow path: gives
+/// it an owner record if it is big (a no-op otherwise, and before any scope exists).
+pub fn note_alloc(face: &'static Face, ptr: usize, size: u64) {
+    if size < OWNED_MIN || !pool::SCOPES_USED.load(Relaxed) {
+        return;
+    }
+    let handle = (face.local)().map_or(0, ledger::scope_of);
+    owner::insert(ptr, handle, size);
+}
+
+/// Before (or just after) a block of `size` bytes at `ptr` is freed, when the fast
+/// path did not take the credit: if the block has an owner record, credits its owner
+/// and the process, and returns true; false: the caller credits as usual.
+pub fn note_free(ptr: usize, size: u64) -> bool {
+    if size < OWNED_MIN {
+        return false;
+    }
+    let Some((handle, recorded)) = owner::take(ptr) else { return false };
+    let r = recorded as i64;
+    ACCOUNT.add(attribute(handle, -r) + r - size as i64);
+    true
+}
+
+/// Before a `realloc` of the block at `ptr` (`old` bytes): its owner record, if any,
+/// moves its bytes to the calling thread's scope. Pass the result to
+/// [`note_realloc_end`].
+pub fn note_realloc_begin(face: &'static Face, ptr: usize, old: u64) -> bool {
+    if old < OWNED_MIN {
+        return false;
+    }
+    let Some((owner, recorded)) = owner::take(ptr) else { return false };
+    let me = (face.local)().map_or(0, ledger::scope_of);
+    if owner != me {
+        let r = recorded as i64;
+        ACCOUNT.add(attribute(owner, -r) + attribute(me, r));
+    }
+    true
+}
+
+/// After the `realloc` begun with [`note_realloc_begin`]: records the new block
+/// (`new_ptr`, 0 if the realloc failed) for the calling thread's scope.
+pub fn note_realloc_end(face: &'static Face, old_ptr: usize, new_ptr: usize, old: u64, new: u64, had: bool) {
+    if new_ptr != 0 {
+        note_alloc(face, new_ptr, new);
+    } else if had {
+        let handle = (face.local)().map_or(0, ledger::scope_of);
+        owner::insert(old_ptr, handle, old);
+    }
+}
+
+// ---- the manager -----------------------------------------------------------------
+
+/// The process's task memory manager: one per process, like the budget it divides.
+#[derive(Debug)]
+pub struct MemoryManager {
+    _private: (),
+}
+
+static MANAGER: MemoryManager = MemoryManager { _private: () };
+
+impl MemoryManager {
+    /// The manager.
+    pub fn global() -> &'static MemoryManager {
+        &MANAGER
+    }
+
+    /// Begins a scope (a task) with a name (cut to 48 bytes), an id and a priority
+    /// (lower is spilled first by other scopes' requests).
+    ///
+    /// # Errors
+    /// [`Error::TooManyScopes`] when [`MAX_SCOPES`] are alive.
+    pub fn begin(&self, name: &str, id: u64, priority: i32) -> Result<TaskScope> {
+        let handle = begin_raw(name, id, priority)?;
+        Ok(TaskScope::new(ScopeHandle::from_raw(handle)))
+    }
+
+    /// Sets the execution pool the fair share divides; 0 (the default): the limit.
+    pub fn set_pool(&self, bytes: u64) {
+        POOL.lock().set_pool_bytes(bytes);
+    }
+
+    /// The longest a request below its minimum share waits for memory to be freed
+    /// (default 2 s).
+    pub fn set_wait(&self, wait: Duration) {
+        admit::set_wait(wait);
+    }
+
+    /// The calling thread's scope, if it is attached to a live one.
+    pub fn current(&self) -> Option<ScopeHandle> {
+        let handle = (engine::face().local)().map_or(0, ledger::scope_of);
+        POOL.lock().scope(handle).is_some().then_some(ScopeHandle::from_raw(handle))
+    }
+
+    /// Every live scope with its consumers, and the totals. Allocates (outside any
+    /// lock): not for the allocation path.
+    pub fn snapshot(&self) -> ScopeSnapshot {
+        figures::snapshot()
+    }
+}
+
+/// Begins a scope; its raw handle.
+///
+/// # Errors
+/// [`Error::TooManyScopes`].
+pub fn begin_raw(name: &str, id: u64, priority: i32) -> Result<u64> {
+    POOL.lock().begin(name, id, priority).ok_or(Error::TooManyScopes)
+}
+
+/// Ends a scope: what it still holds goes to the process account (reported as a
+/// leak), its reservations and consumers are released.
+///
+/// # Errors
+/// [`Error::ScopeEnded`] if it already ended.
+pub fn end_raw(handle: u64) -> Result<ScopeReport> {
+    let mut consumers = Vec::with_capacity(64);
+    let (s, delta) = {
+        let mut p = POOL.lock();
+        let slot = (handle & 0xffff) as usize;
+        if p.scope(handle).is_some() {
+            for (_, c) in p.consumers_of(slot).take(consumers.capacity()) {
+                consumers.push(*c); // within capacity: no allocation under the lock
+            }
+        }
+        p.end(handle).ok_or(Error::ScopeEnded)?
+    };
+    ACCOUNT.add(delta);
+    admit::wake();
+    if !consumers.is_empty() {
+        spill::forget_dead();
+    }
+    Ok(ScopeReport::new(&s, &consumers))
+}
+
+/// Attaches the calling thread of `face` to `handle`; returns the scope it was in.
+///
+/// # Errors
+/// [`Error::ScopeEnded`].
+pub fn attach_raw(face: &'static Face, handle: u64) -> Result<u64> {
+    let l = (face.local)().ok_or(Error::ScopeEnded)?;
+    if !POOL.lock().attach(handle) {
+        return Err(Error::ScopeEnded);
+    }
+    let _busy = ledger::enter(l);
+    let prev = ledger::switch_scope(l, face, handle);
+    if prev != 0 {
+        POOL.lock().detach(prev);
+    }
+    Ok(prev)
+}
+
+/// Moves the calling thread of `face` from its scope to `to` (0: none, or a scope
+/// that has ended). Returns the scope it left.
+pub fn detach_raw(face: &'static Face, to: u64) -> u64 {
+    let Some(l) = (face.local)() else { return 0 };
+    let to = if to != 0 && POOL.lock().attach(to) { to } else { 0 };
+    let _busy = ledger::enter(l);
+    let left = ledger::switch_scope(l, face, to);
+    if left != 0 {
+        POOL.lock().detach(left);
+    }
+    left
+}
+
+/// Reserves `bytes` for scope `handle` (for consumer `consumer`, 0: none) on the
+/// calling thread of `face`; with `partial`, grants what the fair share allows.
+/// Returns the bytes granted.
+///
+/// # Errors
+/// [`Error::ReserveInSpill`] from a spill or reclaim callback; [`Error::ScopeEnded`];
+/// [`Error::Refused`] when neither spills, waits nor reclaims made room (with an
+/// OOM report).
+pub fn reserve_raw(
+    face: &'static Face,
+    handle: u64,
+    bytes: u64,
+    consumer: u64,
+    partial: bool,
+) -> Result<u64> {
+    let l = (face.local)().ok_or(Error::ScopeEnded)?;
+    let busy = ledger::enter(l);
+    if busy.is_none() || spill::in_spill() {
+        POOL.lock().totals.reserve_in_spill += 1;
+        crate::report::note(format_args!(
+            "memquota: a spill or reclaim callback tried to reserve {bytes} bytes: refused \
+             (a callback must free memory, not reserve it)\n"
+        ));
+        return Err(Error::ReserveInSpill { requested: bytes });
+    }
+    if face.configure_from_env {
+        engine::ensure_configured();
+    }
+    match admit::acquire(l, face, handle, Ask::Reserve { bytes, consumer }, partial) {
+        admit::Outcome::Granted(g) => Ok(g),
+        admit::Outcome::Ended => Err(Error::ScopeEnded),
+        admit::Outcome::Refused => Err(Error::Refused { requested: bytes }),
+    }
+}
+
+/// Gives back `bytes` of scope `handle`'s reservations (of consumer `consumer`).
+pub fn release_raw(handle: u64, bytes: u64, consumer: u64) {
+    let d = POOL.lock().apply(handle, Ask::Reserve { bytes, consumer }, bytes, -1);
+    ACCOUNT.add(d);
+    admit::wake();
+}

@@ -1,0 +1,568 @@
+//! The scope tables and their arithmetic, under one spin lock: per scope what its
+//! threads allocated (`used`), what it reserved (`reserved`) and what it is charged
+//! (`held`), per consumer its reservations, and the fair-share rule.
+//!
+//! One account, never double counted: a scope is charged
+//! `held = used + max(0, reserved - max(used, 0))`, which is `max(used, reserved)`
+//! whenever `used >= 0`. Allocations first consume the scope's unused reservation;
+//! only past it do they raise `held`. The process account holds the unscoped bytes
+//! plus every scope's `held`, so a change of `held` is the change the process
+//! account must see, and this module returns it to the caller to add.
+
+use super::lock::SpinLock;
+use std::fmt::{self, Write};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+/// Scopes alive at once.
+pub const MAX_SCOPES: usize = 256;
+/// Consumers registered at once, over all scopes.
+pub const MAX_CONSUMERS: usize = 1024;
+const NAME: usize = 48;
+
+/// Set by the first scope: from then on big blocks get owner records.
+pub(crate) static SCOPES_USED: AtomicBool = AtomicBool::new(false);
+
+pub(crate) static POOL: SpinLock<Pool> = SpinLock::new(Pool::new());
+
+/// A name in a fixed buffer, cut at a character boundary.
+#[derive(Clone, Copy)]
+pub(crate) struct Name {
+    bytes: [u8; NAME],
+    len: u8,
+}
+
+impl Name {
+    const EMPTY: Name = Name { bytes: [0; NAME], len: 0 };
+
+    pub(crate) fn new(s: &str) -> Name {
+        let mut take = s.len().min(NAME);
+        while !s.is_char_boundary(take) {
+            take -= 1;
+        }
+        let mut n = Name::EMPTY;
+        n.bytes[..take].copy_from_slice(&s.as_bytes()[..take]);
+        n.len = take as u8;
+        n
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// What one scope holds. Plain data, copied out for reports and stats.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scope {
+    pub(crate) gen: u64,
+    pub(crate) live: bool,
+    pub(crate) id: u64,
+    pub(crate) priority: i32,
+    pub(crate) name: Name,
+    pub(crate) used: i64,
+    pub(crate) reserved: i64,
+    pub(crate) held: i64,
+    pub(crate) peak: i64,
+    pub(crate) cap: i64,
+    pub(crate) attached: u32,
+    pub(crate) waits: u64,
+    pub(crate) refusals: u64,
+}
+
+impl Scope {
+    const EMPTY: Scope = Scope {
+        gen: 0,
+        live: false,
+        id: 0,
+        priority: 0,
+        name: Name::EMPTY,
+        used: 0,
+        reserved: 0,
+        held: 0,
+        peak: 0,
+        cap: i64::MAX,
+        attached: 0,
+        waits: 0,
+        refusals: 0,
+    };
+
+    /// The charge for `used` allocated and `reserved` reserved bytes.
+    pub(crate) fn held_for(used: i64, reserved: i64) -> i64 {
+        used.saturating_add(reserved.saturating_sub(used.max(0)).max(0))
+    }
+
+    /// Sets both figures; returns the change of `held`.
+    fn set(&mut self, used: i64, reserved: i64) -> i64 {
+        self.used = used;
+        self.reserved = reserved;
+        let held = Scope::held_for(used, reserved);
+        let dh = held.saturating_sub(self.held);
+        self.held = held;
+        self.peak = self.peak.max(held);
+        dh
+    }
+}
+
+/// A spillable consumer's figures (its callback lives in `spill.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Consumer {
+    pub(crate) gen: u64,
+    pub(crate) live: bool,
+    pub(crate) scope: u16,
+    pub(crate) name: Name,
+    pub(crate) used: i64,
+    pub(crate) peak: i64,
+    pub(crate) spills: u64,
+    pub(crate) spilled: u64,
+}
+
+impl Consumer {
+    const EMPTY: Consumer = Consumer {
+        gen: 0,
+        live: false,
+        scope: 0,
+        name: Name::EMPTY,
+        used: 0,
+        peak: 0,
+        spills: 0,
+        spilled: 0,
+    };
+}
+
+/// What a request asks of its scope.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Ask {
+    /// Bytes an attached thread allocates: all or nothing.
+    Alloc(u64),
+    /// An explicit reservation, maybe for a consumer (key 0: none).
+    Reserve { bytes: u64, consumer: u64 },
+}
+
+impl Ask {
+    pub(crate) fn bytes(&self) -> u64 {
+        match *self {
+            Ask::Alloc(b) | Ask::Reserve { bytes: b, .. } => b,
+        }
+    }
+
+    pub(crate) fn consumer(&self) -> u64 {
+        match *self {
+            Ask::Alloc(_) => 0,
+            Ask::Reserve { consumer, .. } => consumer,
+        }
+    }
+}
+
+/// The outcome of one look at the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The scope has ended (or never was).
+    Ended,
+    /// Applied: `granted` bytes, and `held` moved by `dh` (the process account's share).
+    Granted { granted: u64, dh: i64 },
+    /// Below its minimum share and short: wait for memory to be freed (Spark's rule).
+    Wait { gap: u64 },
+    /// Short by `gap` bytes of charge.
+    Short { gap: u64 },
+}
+
+/// Spark's ExecutionMemoryPool rule for one scope among `active`: it may hold up to
+/// `pool / active` (and its own cap), and one below `pool / (2 * active)` that cannot
+/// get memory waits instead of failing. Pure arithmetic.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Share {
+    pub(crate) pool: i64,
+    pub(crate) active: u32,
+    pub(crate) held_sum: i64,
+}
+
+impl Share {
+    pub(crate) fn max_per(&self) -> i64 {
+        self.pool / i64::from(self.active.max(1))
+    }
+
+    pub(crate) fn min_per(&self) -> i64 {
+        self.pool / (2 * i64::from(self.active.max(1)))
+    }
+
+    /// The most `held` may still grow for a scope holding `held` under `cap`.
+    pub(crate) fn room(&self, held: i64, cap: i64) -> i64 {
+        let own = self.max_per().min(cap).saturating_sub(held.max(0));
+        let free = self.pool.saturating_sub(self.held_sum.max(0));
+        own.min(free).max(0)
+    }
+}
+
+pub(crate) struct Pool {
+    scopes: [Scope; MAX_SCOPES],
+    consumers: [Consumer; MAX_CONSUMERS],
+    active: u32,
+    held_sum: i64,
+    /// The execution pool in bytes; 0: the process limit.
+    pool_bytes: i64,
+    next_gen: u64,
+    pub(crate) totals: Totals,
+}
+
+/// Process-wide scope counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Totals {
+    pub(crate) begun: u64,
+    pub(crate) ended: u64,
+    pub(crate) leaked_bytes: u64,
+    pub(crate) spills: u64,
+    pub(crate) spilled_bytes: u64,
+    pub(crate) reserve_in_spill: u64,
+    pub(crate) waits: u64,
+    pub(crate) refusals: u64,
+}
+
+fn key(gen: u64, index: usize) -> u64 {
+    gen << 16 | index as u64
+}
+
+fn index(key: u64) -> usize {
+    (key & 0xffff) as usize
+}
+
+impl Pool {
+    const fn new() -> Pool {
+        Pool {
+            scopes: [Scope::EMPTY; MAX_SCOPES],
+            consumers: [Consumer::EMPTY; MAX_CONSUMERS],
+            active: 0,
+            held_sum: 0,
+            pool_bytes: 0,
+            next_gen: 1,
+            totals: Totals {
+                begun: 0,
+                ended: 0,
+                leaked_bytes: 0,
+                spills: 0,
+                spilled_bytes: 0,
+                reserve_in_spill: 0,
+                waits: 0,
+                refusals: 0,
+            },
+        }
+    }
+
+    fn gen(&mut self) -> u64 {
+        let g = self.next_gen;
+        self.next_gen += 1;
+        g
+    }
+
+    pub(crate) fn scope(&self, handle: u64) -> Option<&Scope> {
+        let s = self.scopes.get(index(handle))?;
+        (handle != 0 && s.live && s.gen == handle >> 16).then_some(s)
+    }
+
+    fn scope_mut(&mut self, handle: u64) -> Option<&mut Scope> {
+        let s = self.scopes.get_mut(index(handle))?;
+        (handle != 0 && s.live && s.gen == handle >> 16).then_some(s)
+    }
+
+    pub(crate) fn consumer(&self, key: u64) -> Option<&Consumer> {
+        let c = self.consumers.get(index(key))?;
+        (key != 0 && c.live && c.gen == key >> 16).then_some(c)
+    }
+
+    fn consumer_mut(&mut self, key: u64) -> Option<&mut Consumer> {
+        let c = self.consumers.get_mut(index(key))?;
+        (key != 0 && c.live && c.gen == key >> 16).then_some(c)
+    }
+
+    /// The handle of a scope's slot index, if live.
+    pub(crate) fn handle_of(&self, index: usize) -> Option<u64> {
+        let s = &self.scopes[index];
+        s.live.then(|| key(s.gen, index))
+    }
+
+    pub(crate) fn begin(&mut self, name: &str, id: u64, priority: i32) -> Option<u64> {
+        let i = self.scopes.iter().position(|s| !s.live)?;
+        let gen = self.gen();
+        self.scopes[i] = Scope { gen, live: true, id, priority, name: Name::new(name), ..Scope::EMPTY };
+        self.active += 1;
+        self.totals.begun += 1;
+        SCOPES_USED.store(true, Relaxed);
+        Some(key(gen, i))
+    }
+
+    /// Ends a scope: returns its last figures and the process account's change (its
+    /// unused reservation goes away; what it still holds stays, unscoped).
+    pub(crate) fn end(&mut self, handle: u64) -> Option<(Scope, i64)> {
+        let s = *self.scope(handle)?;
+        let slot = index(handle);
+        self.scopes[slot].live = false;
+        self.active -= 1;
+        self.held_sum -= s.held;
+        self.totals.ended += 1;
+        self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
+        for c in self.consumers.iter_mut().filter(|c| c.live && usize::from(c.scope) == slot) {
+            c.live = false;
+        }
+        Some((s, s.used - s.held))
+    }
+
+    pub(crate) fn set_cap(&mut self, handle: u64, cap: Option<u64>) -> bool {
+        let Some(s) = self.scope_mut(handle) else { return false };
+        s.cap = cap.map_or(i64::MAX, |c| i64::try_from(c).unwrap_or(i64::MAX));
+        true
+    }
+
+    pub(crate) fn set_pool_bytes(&mut self, bytes: u64) {
+        self.pool_bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+    }
+
+    pub(crate) fn share(&self) -> Share {
+        let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::engine::limit_bytes() };
+        Share { pool, active: self.active, held_sum: self.held_sum }
+    }
+
+    /// Adds `d` bytes an attached thread allocated (or, negative, freed) to its scope.
+    /// Returns the process account's change: `d` itself if the scope has ended.
+    pub(crate) fn attribute(&mut self, handle: u64, d: i64) -> i64 {
+        let Some(s) = self.scope_mut(handle) else { return d };
+        let (used, reserved) = (s.used.saturating_add(d), s.reserved);
+        let dh = s.set(used, reserved);
+        self.held_sum += dh;
+        dh
+    }
+
+    pub(crate) fn attach(&mut self, handle: u64) -> bool {
+        self.scope_mut(handle).map(|s| s.attached += 1).is_some()
+    }
+
+    pub(crate) fn detach(&mut self, handle: u64) {
+        if let Some(s) = self.scope_mut(handle) {
+            s.attached = s.attached.saturating_sub(1);
+        }
+    }
+
+    pub(crate) fn add_consumer(&mut self, handle: u64, name: &str) -> Option<u64> {
+        self.scope(handle)?;
+        let scope = index(handle) as u16;
+        let i = self.consumers.iter().position(|c| !c.live)?;
+        let gen = self.gen();
+        self.consumers[i] = Consumer { gen, live: true, scope, name: Name::new(name), ..Consumer::EMPTY };
+        Some(key(gen, i))
+    }
+
+    pub(crate) fn remove_consumer(&mut self, key: u64) {
+        if let Some(c) = self.consumer_mut(key) {
+            c.live = false;
+        }
+    }
+
+    /// Looks at the pool for `ask` on `handle` and applies it if it fits; with
+    /// `partial`, a reservation may be granted less than asked. With `may_wait`, a
+    /// scope below its minimum share that comes up short is told to wait.
+    pub(crate) fn try_grant(&mut self, handle: u64, ask: Ask, partial: bool, may_wait: bool) -> Decision {
+        let share = self.share();
+        let Some(s) = self.scope(handle) else { return Decision::Ended };
+        let (used, reserved, held, cap) = (s.used, s.reserved, s.held, s.cap);
+        let b = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
+        let full = match ask {
+            Ask::Alloc(_) => Scope::held_for(used.saturating_add(b), reserved),
+            Ask::Reserve { .. } => Scope::held_for(used, reserved.saturating_add(b)),
+        };
+        let need = full.saturating_sub(held);
+        let room = share.room(held, cap);
+        let granted = if need <= room {
+            ask.bytes()
+        } else if partial && matches!(ask, Ask::Reserve { .. }) {
+            // The part already covered by allocations costs nothing more.
+            let covered = used.max(0).saturating_sub(reserved).max(0);
+            u64::try_from(covered.saturating_add(room)).unwrap_or(0).min(ask.bytes())
+        } else {
+            0
+        };
+        let gap = u64::try_from(need.saturating_sub(room)).unwrap_or(0);
+        // Waiting helps when the pool is short, not when the scope's own cap is.
+        let capped = cap.saturating_sub(held.max(0)) < need;
+        if may_wait && !capped && granted < ask.bytes() && held.max(0).saturating_add(room) < share.min_per()
+        {
+            return Decision::Wait { gap };
+        }
+        if granted == 0 && ask.bytes() > 0 {
+            return Decision::Short { gap };
+        }
+        let dh = self.apply(handle, ask, granted, 1);
+        Decision::Granted { granted, dh }
+    }
+
+    /// Applies (`sign` 1) or undoes (`sign` -1) `granted` bytes of `ask`. Returns the
+    /// change of `held` (the scope has ended: the bytes are unscoped, and the change is
+    /// what the process account sees of an allocation, nothing of a reservation).
+    pub(crate) fn apply(&mut self, handle: u64, ask: Ask, granted: u64, sign: i64) -> i64 {
+        let g = i64::try_from(granted).unwrap_or(i64::MAX) * sign;
+        if let Ask::Reserve { consumer, .. } = ask {
+            if let Some(c) = self.consumer_mut(consumer) {
+                c.used += g;
+                c.peak = c.peak.max(c.used);
+            }
+        }
+        let Some(s) = self.scope_mut(handle) else {
+            return if matches!(ask, Ask::Alloc(_)) { g } else { 0 };
+        };
+        let (used, reserved) = match ask {
+            Ask::Alloc(_) => (s.used.saturating_add(g), s.reserved),
+            Ask::Reserve { .. } => (s.used, s.reserved.saturating_add(g).max(0)),
+        };
+        let dh = s.set(used, reserved);
+        self.held_sum += dh;
+        dh
+    }
+
+    pub(crate) fn note_wait(&mut self, handle: u64) {
+        self.totals.waits += 1;
+        if let Some(s) = self.scope_mut(handle) {
+            s.waits += 1;
+        }
+    }
+
+    pub(crate) fn note_refusal(&mut self, handle: u64) {
+        self.totals.refusals += 1;
+        if let Some(s) = self.scope_mut(handle) {
+            s.refusals += 1;
+        }
+    }
+
+    pub(crate) fn note_spill(&mut self, key: u64, freed: u64) {
+        self.totals.spills += 1;
+        self.totals.spilled_bytes += freed;
+        if let Some(c) = self.consumer_mut(key) {
+            c.spills += 1;
+            c.spilled += freed;
+        }
+    }
+
+    pub(crate) fn scopes(&self) -> impl Iterator<Item = (u64, &Scope)> {
+        self.scopes.iter().enumerate().filter(|(_, s)| s.live).map(|(i, s)| (key(s.gen, i), s))
+    }
+
+    pub(crate) fn consumers(&self) -> impl Iterator<Item = (u64, &Consumer)> {
+        self.consumers.iter().enumerate().filter(|(_, c)| c.live).map(|(i, c)| (key(c.gen, i), c))
+    }
+
+    /// The consumers of the scope in slot `scope`.
+    pub(crate) fn consumers_of(&self, scope: usize) -> impl Iterator<Item = (u64, &Consumer)> {
+        self.consumers().filter(move |(_, c)| usize::from(c.scope) == scope)
+    }
+
+    /// The scope tree for an OOM report: every live scope, then its consumers, each
+    /// with current and peak bytes. Writes into a fixed buffer: no allocation.
+    pub(crate) fn write_tree(&self, w: &mut impl Write) -> fmt::Result {
+        if self.active == 0 {
+            return Ok(());
+        }
+        let share = self.share();
+        writeln!(
+            w,
+            "  scopes           {} active, pool {}, share {} each (min {})",
+            self.active,
+            Bytes(share.pool),
+            Bytes(share.max_per()),
+            Bytes(share.min_per())
+        )?;
+        for (i, s) in self.scopes.iter().enumerate().filter(|(_, s)| s.live) {
+            writeln!(
+                w,
+                "    scope {:?} id {} prio {}: held {} (peak {}), allocated {}, reserved {}, {} threads",
+                s.name,
+                s.id,
+                s.priority,
+                Bytes(s.held),
+                Bytes(s.peak),
+                Bytes(s.used),
+                Bytes(s.reserved),
+                s.attached
+            )?;
+            for (_, c) in self.consumers_of(i) {
+                writeln!(
+                    w,
+                    "      consumer {:?}: {} (peak {}), spilled {} times, {}",
+                    c.name,
+                    Bytes(c.used),
+                    Bytes(c.peak),
+                    c.spills,
+                    Bytes(c.spilled as i64)
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Signed bytes for the report, readable.
+pub(crate) struct Bytes(pub(crate) i64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0 == i64::MAX {
+            return f.write_str("unlimited");
+        }
+        if self.0 < 0 {
+            f.write_char('-')?;
+        }
+        fmt::Display::fmt(&crate::report::Size(self.0.unsigned_abs()), f)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_is_the_larger_of_used_and_reserved() {
+        assert_eq!(Scope::held_for(10, 30), 30);
+        assert_eq!(Scope::held_for(40, 30), 40);
+        assert_eq!(Scope::held_for(-5, 0), -5);
+        assert_eq!(Scope::held_for(-5, 20), 15);
+    }
+
+    #[test]
+    fn share_follows_spark() {
+        let s = Share { pool: 800, active: 4, held_sum: 500 };
+        assert_eq!((s.max_per(), s.min_per()), (200, 100));
+        assert_eq!(s.room(50, i64::MAX), 150);
+        assert_eq!(s.room(50, 120), 70);
+        assert_eq!(Share { held_sum: 780, ..s }.room(50, i64::MAX), 20);
+        assert_eq!(s.room(250, i64::MAX), 0);
+    }
+
+    #[test]
+    fn allocations_consume_the_reservation_first() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let h = p.begin("t", 1, 0).unwrap();
+        let r = Ask::Reserve { bytes: 300, consumer: 0 };
+        assert_eq!(p.try_grant(h, r, false, true), Decision::Granted { granted: 300, dh: 300 });
+        assert_eq!(p.attribute(h, 200), 0, "inside the reservation: no new charge");
+        assert_eq!(p.attribute(h, 150), 50);
+        assert_eq!(p.apply(h, r, 300, -1), 0, "allocations exceed it: releasing costs nothing");
+        assert_eq!(p.scope(h).unwrap().held, 350);
+        assert_eq!(p.end(h).map(|(s, d)| (s.used, d)), Some((350, 0)));
+    }
+
+    #[test]
+    fn partial_grants_and_waits() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let a = p.begin("a", 1, 0).unwrap();
+        let b = p.begin("b", 2, 0).unwrap();
+        let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
+        assert!(matches!(p.try_grant(a, ask(700), false, true), Decision::Short { gap: 200 }));
+        assert_eq!(p.try_grant(a, ask(700), true, true), Decision::Granted { granted: 500, dh: 500 });
+        assert_eq!(p.attribute(a, 800), 300, "allocations past the share are charged anyway");
+        // b holds nothing, below 1/2N = 250, and only 200 are free: it waits
+        assert_eq!(p.try_grant(b, ask(600), true, true), Decision::Wait { gap: 400 });
+        assert_eq!(p.try_grant(b, ask(200), false, true), Decision::Granted { granted: 200, dh: 200 });
+    }
+}
