@@ -3,10 +3,10 @@
 #![allow(non_snake_case)] // JNI names the functions after the Java class.
 
 use crate::tls::FACE;
-use jni::objects::JClass;
-use jni::sys::{jlong, jstring};
+use jni::objects::{JClass, JString};
+use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::JNIEnv;
-use memquota_core::face;
+use memquota_core::{face, Error};
 
 /// `MemQuota.statsJson()`.
 #[cfg_attr(not(test), no_mangle)]
@@ -39,4 +39,109 @@ pub extern "system" fn Java_org_memquota_MemQuota_flush(_: JNIEnv, _: JClass) {
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_gcCount(_: JNIEnv, _: JClass) -> jlong {
     jlong::try_from(memquota_core::jvm::gcs()).unwrap_or(jlong::MAX)
+}
+
+/// Throws `class` with `message` (a pending exception is left as it is).
+fn throw(env: &mut JNIEnv, class: &str, message: &str) {
+    if !env.exception_check().unwrap_or(true) {
+        let _ = env.throw_new(class, message);
+    }
+}
+
+/// `MemQuota.scopeBegin(String, long, int)`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_scopeBegin(
+    mut env: JNIEnv,
+    _: JClass,
+    name: JString,
+    id: jlong,
+    priority: jint,
+) -> jlong {
+    let name: String = if name.is_null() {
+        String::new()
+    } else {
+        match env.get_string(&name) {
+            Ok(s) => s.into(),
+            Err(_) => return 0, // the JVM has thrown
+        }
+    };
+    match face::begin_raw(&name, id as u64, priority) {
+        Ok(handle) => handle as jlong,
+        Err(e) => {
+            throw(&mut env, "java/lang/IllegalStateException", &e.to_string());
+            0
+        }
+    }
+}
+
+/// `MemQuota.scopeEnd(long)`: the scope's report.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_scopeEnd(
+    mut env: JNIEnv,
+    _: JClass,
+    scope: jlong,
+) -> jstring {
+    match face::end_raw(scope as u64) {
+        Ok(report) => env.new_string(report.to_string()).map_or(std::ptr::null_mut(), |s| s.into_raw()),
+        Err(e) => {
+            throw(&mut env, "java/lang/IllegalArgumentException", &e.to_string());
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// `MemQuota.scopeAttach(long)`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_scopeAttach(mut env: JNIEnv, _: JClass, scope: jlong) {
+    if let Err(e) = face::attach_raw(&FACE, scope as u64) {
+        throw(&mut env, "java/lang/IllegalArgumentException", &e.to_string());
+    }
+}
+
+/// `MemQuota.scopeDetach()`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_scopeDetach(_: JNIEnv, _: JClass) {
+    face::detach_raw(&FACE, 0);
+}
+
+/// `MemQuota.scopeReserve(long, long, boolean)`: a refusal is an `OutOfMemoryError`
+/// carrying the report.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_scopeReserve(
+    mut env: JNIEnv,
+    _: JClass,
+    scope: jlong,
+    bytes: jlong,
+    partial: jboolean,
+) -> jlong {
+    let Ok(bytes) = u64::try_from(bytes) else {
+        throw(&mut env, "java/lang/IllegalArgumentException", "memquota: a reservation cannot be negative");
+        return 0;
+    };
+    match face::reserve_raw(&FACE, scope as u64, bytes, 0, partial != 0) {
+        Ok(granted) => jlong::try_from(granted).unwrap_or(jlong::MAX),
+        Err(Error::Refused { .. }) => {
+            crate::jvm_gate::throw_refusal(&mut env);
+            0
+        }
+        Err(e @ Error::ReserveInSpill { .. }) => {
+            throw(&mut env, "java/lang/IllegalStateException", &e.to_string());
+            0
+        }
+        Err(e) => {
+            throw(&mut env, "java/lang/IllegalArgumentException", &e.to_string());
+            0
+        }
+    }
+}
+
+/// `MemQuota.scopeRelease(long, long)`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_scopeRelease(
+    _: JNIEnv,
+    _: JClass,
+    scope: jlong,
+    bytes: jlong,
+) {
+    face::release_raw(scope as u64, u64::try_from(bytes).unwrap_or(0), 0);
 }

@@ -83,9 +83,16 @@ unsafe extern "system" fn reallocate_memory0(
 ///
 /// # Safety
 /// `env` is the calling thread's live JNIEnv.
-pub(crate) unsafe fn throw_oom(env: *mut JNIEnv) {
+unsafe fn throw_oom(env: *mut JNIEnv) {
     // SAFETY: the caller's contract.
-    let Ok(mut env) = (unsafe { jni::JNIEnv::from_raw(env) }) else { return };
+    if let Ok(mut env) = unsafe { jni::JNIEnv::from_raw(env) } {
+        throw_refusal(&mut env);
+    }
+}
+
+/// Throws `java.lang.OutOfMemoryError` carrying the last refusal's report: how a
+/// refusal at any of our JNI entry points reaches Java.
+pub(crate) fn throw_refusal(env: &mut jni::JNIEnv) {
     let report = memquota_core::last_report().unwrap_or_else(|| "memquota: allocation refused".into());
     let _ = env.throw_new("java/lang/OutOfMemoryError", report.trim_end());
 }

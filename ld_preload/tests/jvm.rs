@@ -190,3 +190,25 @@ fn the_stats_file_shows_heap_and_native() {
     assert!(value("memquota_native_bytes") > 16.0 * 1048576.0, "{prom}");
     assert_eq!(value("memquota_limit_bytes"), 2.0 * 1073741824.0);
 }
+
+#[test]
+fn task_scopes_from_java_attach_reserve_refuse_and_report_leaks() {
+    let out = java(&["-Xmx256m"], "limit=1g", &["JvmWorkload", "scopes"]);
+    assert_ok(&out, "scopes");
+    let stdout = text(&out.stdout);
+    for line in [
+        "reserved 16 MiB",
+        "reserve refused: memquota: allocation refused: 1.0 GiB (1073741824) requested",
+        "report names the scope: true",
+        "end: memquota: scope \"task-7\" (id 7) ended; managed memory leak detected: ",
+        "16.0 MiB (16777216) still reserved (released)",
+        "second end: memquota: the scope has ended",
+        "held 4 buffers",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in {}", said(&out));
+    }
+    // The four 8 MiB direct buffers, three from the task's thread and one from its
+    // helper, are what the scope still held: 32 MiB and the allocator's rounding.
+    let leaked = number_after(&stdout, "managed memory leak detected: ");
+    assert!((32..33).contains(&leaked), "leaked {leaked} MiB: {}", said(&out));
+}

@@ -13,9 +13,8 @@ import java.util.List;
  * or the path in the system property {@code memquota.library}, and binds its JNI
  * methods. Every method is static: there is one budget per process.
  *
- * <p>A later release attaches threads to task scopes through this class; its native
- * methods take plain {@code long} handles so that they can be driven from a task
- * listener.
+ * <p>Task scopes are plain {@code long} handles, so that a task listener can begin a
+ * scope when a task starts, attach the task's threads, and end it when the task ends.
  */
 public final class MemQuota {
     /** The system property that names the library explicitly. */
@@ -54,6 +53,53 @@ public final class MemQuota {
     public static native long gcCount();
 
     private static native void setLimit0(long bytes);
+
+    // ---- task scopes (docs/scopes.md) ----------------------------------------------
+
+    /**
+     * Begins a task scope. Allocations of threads attached to it are charged to it as
+     * well as to the process.
+     *
+     * @param priority lower is spilled first by other scopes
+     * @return the scope's handle
+     * @throws IllegalStateException if too many scopes are alive
+     */
+    public static native long scopeBegin(String name, long id, int priority);
+
+    /**
+     * Ends a scope: what its threads still hold goes to the process account and its
+     * reservations are released.
+     *
+     * @return the scope's report; it says "managed memory leak detected" if the scope
+     *     still held memory
+     * @throws IllegalArgumentException if the scope is not running
+     */
+    public static native String scopeEnd(long scope);
+
+    /**
+     * Attaches the calling thread to a scope, replacing any scope it was in.
+     *
+     * @throws IllegalArgumentException if the scope is not running
+     */
+    public static native void scopeAttach(long scope);
+
+    /** Detaches the calling thread from its scope, if any. */
+    public static native void scopeDetach();
+
+    /**
+     * Reserves {@code bytes} for a scope, spilling its consumers and waiting (bounded)
+     * for its fair share if need be.
+     *
+     * @param partial grant what the fair share allows instead of all or nothing
+     * @return the bytes granted
+     * @throws OutOfMemoryError carrying memquota's report, if the reservation is refused
+     * @throws IllegalArgumentException if the scope is not running
+     * @throws IllegalStateException if called from a spill or reclaim callback
+     */
+    public static native long scopeReserve(long scope, long bytes, boolean partial);
+
+    /** Gives back {@code bytes} a scope reserved. */
+    public static native void scopeRelease(long scope, long bytes);
 
     /** Where the library is: the property, else the mapped libmemquota.so. */
     static String libraryPath() {

@@ -18,6 +18,7 @@ public class JvmWorkload {
             case "refuse": refuse(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "work": work(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            case "scopes": scopes(); break;
             default: throw new IllegalArgumentException(args[0]);
         }
     }
@@ -101,6 +102,43 @@ public class JvmWorkload {
         long ms = (System.nanoTime() - start) / 1_000_000;
         System.out.println("work ms " + ms + " jvm collections " + jvmCollections() + " memquota gcs " + gcCount()
                 + " ooms " + ooms.get());
+    }
+
+    /** A task scope driven from Java: attach, direct buffers, reservations, the leak report. */
+    static void scopes() throws Exception {
+        long task = MemQuota.scopeBegin("task-7", 7, 0);
+        MemQuota.scopeAttach(task);
+        List<ByteBuffer> held = new ArrayList<>();
+        for (int i = 0; i < 3; i++) {
+            held.add(ByteBuffer.allocateDirect(8 << 20));
+        }
+        // A helper thread working for the task.
+        Thread helper = new Thread(() -> {
+            MemQuota.scopeAttach(task);
+            held.add(ByteBuffer.allocateDirect(8 << 20));
+            MemQuota.scopeDetach();
+        });
+        helper.start();
+        helper.join();
+        long granted = MemQuota.scopeReserve(task, 16 << 20, false);
+        System.out.println("reserved " + (granted >> 20) + " MiB");
+        try {
+            MemQuota.scopeReserve(task, MemQuota.limit(), false);
+            System.out.println("unexpected: the whole limit was reserved");
+        } catch (OutOfMemoryError e) {
+            System.out.println("reserve refused: " + e.getMessage().split("\n")[0]);
+            System.out.println("report names the scope: " + e.getMessage().contains("task-7"));
+        }
+        MemQuota.scopeDetach();
+        MemQuota.flush();
+        String report = MemQuota.scopeEnd(task);
+        System.out.println("end: " + report.split("\n")[0]);
+        try {
+            MemQuota.scopeEnd(task);
+        } catch (IllegalArgumentException e) {
+            System.out.println("second end: " + e.getMessage());
+        }
+        System.out.println("held " + held.size() + " buffers");
     }
 
     interface Going {
