@@ -5,15 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-7}
-jemalloc=$(ls /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 2>/dev/null || true)
-if [ -z "$jemalloc" ]; then
-    echo "installing libjemalloc2 (Debian's jemalloc, the baseline)"
-    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libjemalloc2
-    jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
-fi
-cargo build --release -q -p memquota-preload
-mq=$PWD/target/release/libmemquota.so
+source benches/baseline.sh
 bin=$(mktemp -d)/churn
 gcc -O2 -pthread benches/preload/churn.c -o "$bin"
 echo "glibc = no preload, jemalloc = $jemalloc, memquota = $mq (MEMQUOTA_LIMIT=16g)"
