@@ -45,9 +45,28 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     preload: Option<PathBuf>,
 
+    /// Load the preload as a JVMTI agent too, into every JVM the program starts
+    /// (through JAVA_TOOL_OPTIONS): the heap counts in the budget, and GCs make room
+    /// for native memory (docs/jvm.md).
+    #[arg(long)]
+    jvm: bool,
+
     /// The program and its arguments, after `--`.
     #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
     command: Vec<OsString>,
+}
+
+/// `-agentpath:` for the preload (the agent reads the budget from the same
+/// `MEMQUOTA_*` variables), before any JAVA_TOOL_OPTIONS already set. The path has no
+/// space: `find_preload` refuses one, and the JVM splits these options on spaces.
+fn java_tool_options(preload: &Path) -> OsString {
+    let mut v = OsString::from("-agentpath:");
+    v.push(preload);
+    if let Some(old) = std::env::var_os("JAVA_TOOL_OPTIONS").filter(|v| !v.is_empty()) {
+        v.push(" ");
+        v.push(old);
+    }
+    v
 }
 
 /// The last terminating signal (SIGTERM, SIGHUP) sent to us, to forward to the program.
@@ -89,6 +108,9 @@ pub fn run(args: RunArgs) -> Result<ExitStatus, Failure> {
         .env("MEMQUOTA_STATS_INTERVAL", format!("{}ms", args.interval.as_millis()));
     if let Some(limit) = &args.limit {
         cmd.env("MEMQUOTA_LIMIT", limit);
+    }
+    if args.jvm {
+        cmd.env("JAVA_TOOL_OPTIONS", java_tool_options(&preload));
     }
 
     forward_signals();

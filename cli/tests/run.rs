@@ -272,6 +272,21 @@ fn run_java_version() {
 }
 
 #[test]
+fn run_jvm_loads_the_agent_so_the_heap_counts() {
+    let out = memquota(&["run", "--limit", "2g", "--jvm", "--", "java", "-Xms64m", "-Xmx256m", "-version"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("Picked up JAVA_TOOL_OPTIONS: -agentpath:"), "{stderr}");
+    assert_eq!(row(&stderr, "limit"), "2.0 GiB");
+    // The agent pushed the heap: -Xms64m commits 64 MiB at once.
+    let heap = row(&stderr, "peak heap");
+    assert!(mib(heap.split(" committed").next().unwrap()) >= 64.0, "{stderr}");
+    // Without --jvm the heap is not counted.
+    let out = memquota(&["run", "--limit", "2g", "--", "java", "-Xms64m", "-Xmx256m", "-version"]);
+    assert_eq!(row(&text(&out.stderr), "peak heap"), "0 B committed", "{}", text(&out.stderr));
+}
+
+#[test]
 fn plot_writes_an_svg_with_the_series_and_events() {
     let dir = scratch("plot");
     let svg = dir.join("timeline.svg");
