@@ -54,7 +54,7 @@ fn main() -> memquota::Result<()> {
     println!("asking for 1 GiB with try_reserve: no reclaim can make that much room");
     let mut huge: Vec<u8> = Vec::new();
     match huge.try_reserve(1 << 30) {
-        Ok(()) => println!("  unexpectedly granted"),
+        Ok(()) => fail("1 GiB was granted under a 256 MiB limit"),
         Err(e) => println!("  refused as expected: {e}"),
     }
     drop(work);
@@ -62,5 +62,15 @@ fn main() -> memquota::Result<()> {
     let s = memquota::stats();
     show("after dropping the buffer", &s);
     println!("\nfull stats: {s:#?}");
+    if s.reclaims_sync + s.reclaims_background == 0 || s.ooms == 0 {
+        fail("the story needs at least one reclaim and one refusal");
+    }
     Ok(())
+}
+
+/// The demo doubles as a smoke test (scripts/test.sh runs it): it fails loudly when
+/// its story does not hold.
+fn fail(why: &str) -> ! {
+    eprintln!("demo: {why}");
+    std::process::exit(1);
 }

@@ -28,6 +28,9 @@ cargo build --release
 say "unit, integration and property tests (release: the drift test does 1.2M operations)"
 timeout 1500 cargo test --release --workspace
 
+say "the README's main job: the demo runs to its end"
+timeout 120 cargo run --release --example demo >/dev/null
+
 say "library mode: a Rust JNI library with its own budget in a JVM (jvm_lib/, its own package and target dir)"
 # Its second run loads the library under the preload built above.
 preload_so="$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/libmemquota.so"
