@@ -352,14 +352,18 @@ pub(crate) fn limit_bytes() -> i64 {
 pub(crate) fn fits(bytes: i64) -> bool {
     let quota = quota();
     let heap = heap_probe::read().counted(heap_mode());
-    match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
-        Ok(native) => {
-            if quota.pressure(native, heap) == Pressure::Soft {
-                request_background(Quota::excess(native, heap, quota.soft));
-            }
-            true
-        }
-        Err(_) => false,
+    let taken = ACCOUNT.try_add(bytes, quota.native_ceiling(heap));
+    if let Ok(native) = taken {
+        reclaim_if_past_soft(quota, native, heap);
+    }
+    taken.is_ok()
+}
+
+/// Past the soft threshold (or the limit), asks for a background reclaim of the
+/// excess over the soft threshold: the one place a grant decides that.
+fn reclaim_if_past_soft(quota: Quota, native: i64, heap: i64) {
+    if quota.pressure(native, heap) != Pressure::Low {
+        request_background(Quota::excess(native, heap, quota.soft));
     }
 }
 
@@ -383,14 +387,10 @@ pub(crate) fn count_only(bytes: i64) {
     let quota = quota();
     let heap = heap_probe::read().counted(heap_mode());
     let native = ACCOUNT.add(bytes);
-    match quota.pressure(native, heap) {
-        Pressure::Low => {}
-        Pressure::Soft => request_background(Quota::excess(native, heap, quota.soft)),
-        Pressure::Hard => {
-            OVERCOMMITS.fetch_add(1, Relaxed);
-            request_background(Quota::excess(native, heap, quota.soft));
-        }
+    if quota.pressure(native, heap) == Pressure::Hard {
+        OVERCOMMITS.fetch_add(1, Relaxed);
     }
+    reclaim_if_past_soft(quota, native, heap);
 }
 
 /// The policy, whatever the enforcement (a scope's explicit reservation is a gate of
@@ -418,9 +418,7 @@ fn police(
         let heap = heap_probe::read().counted(mode);
         let native = match take(quota.native_ceiling(heap)) {
             Ok(native) => {
-                if quota.pressure(native, heap) == Pressure::Soft {
-                    request_background(Quota::excess(native, heap, quota.soft));
-                }
+                reclaim_if_past_soft(quota, native, heap);
                 return true;
             }
             Err(native) => native,
@@ -431,7 +429,7 @@ fn police(
         if (bytes as u64) < SETTINGS.refuse_min.load(Relaxed) {
             if let Ok(native) = take(quota.overcommit_ceiling(heap)) {
                 OVERCOMMITS.fetch_add(1, Relaxed);
-                request_background(Quota::excess(native, heap, quota.soft));
+                reclaim_if_past_soft(quota, native, heap);
                 return true;
             }
         }
