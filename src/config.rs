@@ -6,7 +6,7 @@ use crate::host;
 use std::time::Duration;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 8] = [
+pub const ENV_VARS: [(&str, &str); 9] = [
     (LIMIT_VAR, LIMIT_FORMS),
     (SOFT_VAR, SOFT_FORMS),
     (ON_OOM_VAR, ON_OOM_FORMS),
@@ -15,6 +15,7 @@ pub const ENV_VARS: [(&str, &str); 8] = [
     (INTERVAL_VAR, DURATION_FORMS),
     (REFUSE_MIN_VAR, SIZE_FORMS),
     (METRICS_VAR, METRICS_FORMS),
+    (REPORT_WINDOW_VAR, DURATION_FORMS),
 ];
 
 const LIMIT_VAR: &str = "MEMQUOTA_LIMIT";
@@ -33,6 +34,7 @@ pub const REFUSE_MIN_VAR: &str = "MEMQUOTA_REFUSE_MIN";
 const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m)";
 const METRICS_VAR: &str = "MEMQUOTA_METRICS_ADDR";
 const METRICS_FORMS: &str = "an address to serve /metrics on, like 127.0.0.1:9464";
+const REPORT_WINDOW_VAR: &str = "MEMQUOTA_REPORT_WINDOW";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
 
 /// Where the budget's size comes from.
@@ -81,6 +83,7 @@ pub struct Config {
     reclaim_interval: Duration,
     refuse_min: u64,
     metrics_addr: Option<String>,
+    report_window: Duration,
 }
 
 impl Default for Config {
@@ -92,7 +95,8 @@ impl Default for Config {
 impl Config {
     /// Defaults: the machine's limit, soft threshold at 0.85, `null` on OOM, committed
     /// heap counted, waits for a reclaim in flight bounded at 5 s, at most one reclaim
-    /// per 10 ms, every request refusable (`refuse_min` 0).
+    /// per 10 ms, every request refusable (`refuse_min` 0), one full OOM report per
+    /// 1 s window.
     pub const fn new() -> Config {
         Config {
             limit: None,
@@ -103,6 +107,7 @@ impl Config {
             reclaim_interval: Duration::from_millis(10),
             refuse_min: 0,
             metrics_addr: None,
+            report_window: Duration::from_secs(1),
         }
     }
 
@@ -161,6 +166,9 @@ impl Config {
         if let Some(n) = read(&get, REFUSE_MIN_VAR, SIZE_FORMS, parse_size)? {
             c.refuse_min = n;
         }
+        if let Some(d) = read(&get, REPORT_WINDOW_VAR, DURATION_FORMS, parse_duration)? {
+            c.report_window = d;
+        }
         c.metrics_addr = read(&get, METRICS_VAR, METRICS_FORMS, |s| {
             s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
         })?;
@@ -218,6 +226,14 @@ impl Config {
         self
     }
 
+    /// The OOM report window: the first refusal writes a full report, later ones
+    /// within the window are counted and summarised in one line (0: every refusal
+    /// writes a full report).
+    pub fn report_window(mut self, window: Duration) -> Config {
+        self.report_window = window;
+        self
+    }
+
     /// Serve `GET /metrics` and `GET /stats.json` on this address once
     /// [`init`](crate::init) runs (`127.0.0.1:9464`; loopback unless you say otherwise).
     pub fn metrics_addr(mut self, addr: &str) -> Config {
@@ -269,6 +285,11 @@ impl Config {
     /// The least time between reclaims.
     pub fn reclaim_interval_setting(&self) -> Duration {
         self.reclaim_interval
+    }
+
+    /// The OOM report window.
+    pub fn report_window_setting(&self) -> Duration {
+        self.report_window
     }
 
     /// Checks ranges and resolves the limit to bytes.

@@ -87,6 +87,7 @@ pub fn init(config: Config) -> Result<()> {
     }
     apply(&config, limit);
     SETTINGS.state.store(READY, Release);
+    crate::fork::install();
     crate::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {
@@ -120,6 +121,7 @@ fn apply(config: &Config, limit: u64) {
     SETTINGS.wait_ms.store(ms(config.reclaim_wait_setting()), Relaxed);
     SETTINGS.interval_ms.store(ms(config.reclaim_interval_setting()), Relaxed);
     SETTINGS.refuse_min.store(config.refuse_min_setting(), Relaxed);
+    report::set_window(config.report_window_setting());
 }
 
 fn store_quota(q: Quota) {
@@ -164,7 +166,10 @@ fn configure_from_env() {
         return; // configured, or being configured by another thread: unlimited till then
     }
     match Config::from_env().and_then(|c| c.resolve_limit().map(|limit| (c, limit))) {
-        Ok((config, limit)) => apply(&config, limit),
+        Ok((config, limit)) => {
+            apply(&config, limit);
+            crate::fork::install();
+        }
         Err(e) => {
             report::write_stderr(&format!("{e}\n"));
             std::process::exit(2);
@@ -218,9 +223,33 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
     if face.configure_from_env {
         ensure_configured();
     }
-    ACCOUNT.add(ledger::settle(l, face));
+    let flushed = ledger::settle(l, face);
+    ACCOUNT.add(flushed);
+    let granted = decide(l, face, bytes);
+    // Past the ceiling the thread goes tight (no fast path) until a slow path finds
+    // the account back under it: the ledger's bound on usage past the limit.
+    let over = past_ceiling();
+    if over && (flushed > 0 || (granted && bytes > 0)) {
+        OVERCOMMITS.fetch_add(1, Relaxed);
+    }
+    ACCOUNT.add(ledger::rearm(l, over));
+    granted
+}
+
+/// The decision on a charge of `bytes`, the thread's delta already settled.
+fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
     if bytes <= 0 {
         ACCOUNT.add(ledger::attribute(l, bytes));
+        return true;
+    }
+    // What a gate charged already for this allocation ([`make_room`]): the account
+    // has it, the scope does not yet.
+    let prepaid = ledger::use_prepaid(l, bytes as u64) as i64;
+    if prepaid > 0 {
+        ACCOUNT.add(ledger::attribute(l, prepaid) - prepaid);
+    }
+    let bytes = bytes - prepaid;
+    if bytes == 0 {
         return true;
     }
     match ledger::scope_of(l) {
@@ -231,25 +260,60 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
             count_only(crate::scope::attribute(scope, bytes));
             true
         }
+        // A small request never waits for its scope's share and is never refused by
+        // it: charged to the scope, then admitted by the process budget like any
+        // small request (over-commit within its bound).
+        scope if (bytes as u64) < SETTINGS.refuse_min.load(Relaxed) => {
+            let dh = crate::scope::attribute(scope, bytes);
+            if dh <= 0 {
+                ACCOUNT.add(dh);
+                return true;
+            }
+            if admit_as(l, face, dh, OnOom::Abort) {
+                return true;
+            }
+            ACCOUNT.add(crate::scope::attribute(scope, -bytes) + dh);
+            false
+        }
         scope => crate::scope::admit_attached(l, face, scope, bytes),
     }
 }
 
-/// Call in a `fork` child (a `pthread_atfork` child handler): resets what the
-/// parent's vanished threads left behind (locks, a reclaim in flight, the background
-/// worker, the live-thread count) so the child's allocations work normally.
+/// Whether native plus counted heap is past the hard limit while allocations are
+/// policed (under [`Enforcement::Gates`] nothing waits on the fast path's behalf).
+fn past_ceiling() -> bool {
+    let quota = quota();
+    quota.limit != i64::MAX
+        && policing_allocations()
+        && ACCOUNT.native().saturating_add(heap_probe::read().counted(heap_mode())) > quota.limit
+}
+
+/// Makes `face` the one the background worker, `flush` and the fork handlers use,
+/// before any of its threads reaches the slow path (a preloaded library's
+/// constructor).
+pub fn adopt(face: &'static Face) {
+    FACE.store(face as *const Face as *mut Face, Relaxed);
+}
+
+/// The engine's part of a fork's prepare handler.
+pub(crate) fn before_fork() {
+    // SAFETY: from the prepare handler, followed by `after_fork` (fork.rs).
+    unsafe { COORDINATOR.before_fork() };
+}
+
+/// The engine's part of a fork's parent and child handlers. In the child the
+/// background worker and the parent's other threads do not exist.
 ///
 /// # Safety
-/// Only in the child, before it starts any thread.
-pub unsafe fn after_fork_child(face: &'static Face) {
+/// Only from the parent or child handler of the fork whose prepare handler called
+/// [`before_fork`].
+pub(crate) unsafe fn after_fork(child: bool) {
     // SAFETY: forwarded contract.
-    unsafe {
-        COORDINATOR.after_fork_child();
-        report::after_fork_child();
-        crate::scope::after_fork_child();
+    unsafe { COORDINATOR.after_fork(child) };
+    if child {
+        WORKER_STARTED.store(false, Relaxed);
+        ledger::after_fork_child((face().local)());
     }
-    WORKER_STARTED.store(false, Relaxed);
-    ledger::after_fork_child((face.local)());
 }
 
 /// Exempts the calling thread from the policy for the rest of its life: its
@@ -300,14 +364,27 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
     }
     ACCOUNT.add(ledger::settle(l, face));
     let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
-    police(l, face, bytes, OnOom::Abort, |ceiling| {
-        let native = ACCOUNT.native();
-        if native.saturating_add(bytes) <= ceiling {
-            Ok(native.saturating_add(bytes))
-        } else {
-            Err(native)
+    // Charged here, under the ceiling, so gates on N threads cannot all pass on the
+    // same room; the allocation that follows on this thread uses the charge up
+    // ([`end_gate`] gives back what it did not use).
+    let granted = police(l, face, bytes, OnOom::Abort, |ceiling| ACCOUNT.try_add(bytes, ceiling));
+    if granted {
+        ledger::prepay(l, bytes as u64);
+    }
+    granted
+}
+
+/// After the allocation a granted [`make_room`] let through: credits the part of the
+/// gate's charge that the allocation did not use (all of it, if the allocation
+/// failed or was served on the fast path).
+pub fn end_gate(face: &'static Face) {
+    if let Some(l) = (face.local)() {
+        let left = ledger::take_prepaid(l);
+        if left > 0 {
+            let left = i64::try_from(left).unwrap_or(i64::MAX);
+            ACCOUNT.add(-left);
         }
-    })
+    }
 }
 
 /// Spaces background reclaims at least `gap` after the end of the previous reclaim,
@@ -428,7 +505,8 @@ fn police(
         // waits for a reclaim either; it asks for one in the background.
         if (bytes as u64) < SETTINGS.refuse_min.load(Relaxed) {
             if let Ok(native) = take(quota.overcommit_ceiling(heap)) {
-                OVERCOMMITS.fetch_add(1, Relaxed);
+                // Counted as an over-commit by the caller, which sees the account
+                // past the limit.
                 reclaim_if_past_soft(quota, native, heap);
                 return true;
             }
@@ -452,19 +530,30 @@ fn police(
     refuse(bytes, throttle, worst)
 }
 
-/// Counts and reports a refusal, then aborts if the policy says so and `worst` allows.
+/// Counts and reports a refusal (a full report, or a count the next report sums up:
+/// see `report`), then aborts if the policy says so and `worst` allows.
 pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>, worst: OnOom) -> bool {
     OOMS.fetch_add(1, Relaxed);
     let abort = SETTINGS.abort.load(Relaxed) && worst == OnOom::Abort;
     let policy = if abort { OnOom::Abort } else { OnOom::Null };
-    report::emit(&Refusal {
-        requested: bytes as u64,
-        stats: stats(),
-        history: COORDINATOR.history(),
-        throttle: throttle.or_else(|| COORDINATOR.throttled(timing())),
-        has_reclaimer: reclaimer().is_some(),
-        policy,
-    });
+    let mark = report::Mark {
+        scopes: crate::scope::begun(),
+        futile: COORDINATOR.counts.futile.load(Relaxed),
+        limit: quota().limit,
+    };
+    if let Some(turn) = report::turn(bytes as u64, mark, abort) {
+        report::emit(
+            turn,
+            &Refusal {
+                requested: bytes as u64,
+                stats: stats(),
+                history: COORDINATOR.history(),
+                throttle: throttle.or_else(|| COORDINATOR.throttled(timing())),
+                has_reclaimer: reclaimer().is_some(),
+                policy,
+            },
+        );
+    }
     if policy == OnOom::Abort {
         std::process::abort();
     }
@@ -538,9 +627,11 @@ pub fn stats() -> Stats {
         reclaims_sync: counts.sync.load(Relaxed),
         reclaims_background: counts.background.load(Relaxed),
         reclaim_panics: counts.panics.load(Relaxed),
+        heap_probe_panics: heap_probe::panics(),
         reclaims_throttled: counts.throttled.load(Relaxed),
         reclaimed_bytes: counts.freed.load(Relaxed),
         ooms: OOMS.load(Relaxed),
+        reports: report::full_reports(),
         error_bound: ledger::error_bound(),
         threads: ledger::live_threads(),
         threshold: ledger::threshold(),

@@ -3,15 +3,20 @@
 //! * Single-flight: at most one reclaim, sync or background, is in flight. A thread
 //!   that needs room while one runs waits for its result (bounded), then re-checks.
 //! * Rate-limited: no reclaim starts within `min_interval` of the end of the last one.
-//! * Suspended while futile: after [`FUTILE_RUNS`] reclaims in a row that each freed
-//!   less than they were asked for, reclaims pause for a back-off that doubles up to
-//!   [`MAX_SUSPEND`] (Gluten's GC storms, #10937), and resume on the first good one.
+//!   A synchronous request inside the interval waits it out (within its bounded
+//!   wait) and then runs: the rate limit slows reclaims, it never refuses for them.
+//! * Suspended while futile: after [`FUTILE_RUNS`] reclaims of one kind in a row that
+//!   each freed less than they were asked for, reclaims of that kind pause for a
+//!   back-off that doubles up to [`MAX_SUSPEND`] (Gluten's GC storms, #10937), and
+//!   both kinds resume on the first good one. Futile background reclaims (a callback
+//!   that found its cache busy) never suspend synchronous ones; futile synchronous
+//!   ones also hold background requests back.
 //! * Background requests are de-duplicated: one pending at a time.
 //!
 //! The reclaim itself is a closure handed in by the caller, and this type holds no
 //! lock while it runs, so a callback may allocate, or take its own locks, freely.
 
-use crate::sync::{lock, wait, wait_timeout, AtomicU64, Condvar, Mutex};
+use crate::sync::{lock, wait, wait_timeout, AtomicU64, Condvar, ForkHeld, Mutex, MutexGuard};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
@@ -90,13 +95,35 @@ pub(crate) struct Timing {
     pub(crate) background_interval: Duration,
 }
 
+/// One kind's record of futile reclaims.
+#[derive(Clone, Copy)]
+struct Futility {
+    streak: u32,
+    suspended_until: Option<Instant>,
+}
+
+impl Futility {
+    const NONE: Futility = Futility { streak: 0, suspended_until: None };
+
+    fn suspended(&self, now: Instant) -> bool {
+        self.suspended_until.is_some_and(|until| now < until)
+    }
+
+    fn record_futile(&mut self, ended: Instant) {
+        self.streak = self.streak.saturating_add(1);
+        if self.streak >= FUTILE_RUNS {
+            self.suspended_until = Some(ended + suspension(self.streak));
+        }
+    }
+}
+
 struct State {
     in_flight: bool,
     /// Bumped when a reclaim ends: waiters compare it to know theirs finished.
     generation: u64,
     last_end: Option<Instant>,
-    futile_streak: u32,
-    suspended_until: Option<Instant>,
+    sync_futility: Futility,
+    background_futility: Futility,
     /// Bytes asked for by the pending background request; 0 when none is pending.
     background_need: u64,
     history: [Option<ReclaimRecord>; HISTORY],
@@ -110,6 +137,8 @@ pub(crate) struct Counts {
     pub(crate) panics: AtomicU64,
     pub(crate) freed: AtomicU64,
     pub(crate) throttled: AtomicU64,
+    /// Reclaims that freed nothing.
+    pub(crate) futile: AtomicU64,
 }
 
 /// The coordinator. One static instance serves the process.
@@ -120,6 +149,8 @@ pub(crate) struct Coordinator {
     /// Signalled when a background request is queued.
     queued: Condvar,
     pub(crate) counts: Counts,
+    /// The state's guard across a `fork`.
+    fork: ForkHeld<MutexGuard<'static, State>>,
 }
 
 macro_rules! coordinator_new {
@@ -129,20 +160,22 @@ macro_rules! coordinator_new {
                 in_flight: false,
                 generation: 0,
                 last_end: None,
-                futile_streak: 0,
-                suspended_until: None,
+                sync_futility: Futility::NONE,
+                background_futility: Futility::NONE,
                 background_need: 0,
                 history: [None; HISTORY],
                 next: 0,
             }),
             ended: Condvar::new(),
             queued: Condvar::new(),
+            fork: ForkHeld::new(),
             counts: Counts {
                 sync: AtomicU64::new(0),
                 background: AtomicU64::new(0),
                 panics: AtomicU64::new(0),
                 freed: AtomicU64::new(0),
                 throttled: AtomicU64::new(0),
+                futile: AtomicU64::new(0),
             },
         }
     };
@@ -167,22 +200,35 @@ impl Coordinator {
         timing: Timing,
         run: impl FnOnce(u64) -> Run,
     ) -> SyncOutcome {
+        let deadline = Instant::now() + timing.wait;
         let mut st = lock(&self.state);
-        if st.in_flight {
-            let generation = st.generation;
-            let deadline = Instant::now() + timing.wait;
-            while st.in_flight && st.generation == generation {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return SyncOutcome::TimedOut;
+        loop {
+            if st.in_flight {
+                let generation = st.generation;
+                while st.in_flight && st.generation == generation {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return SyncOutcome::TimedOut;
+                    }
+                    st = wait_timeout(&self.ended, st, left);
                 }
-                st = wait_timeout(&self.ended, st, left);
+                return SyncOutcome::Waited;
             }
-            return SyncOutcome::Waited;
-        }
-        if let Some(why) = throttle(&st, timing, Instant::now()) {
-            self.counts.throttled.fetch_add(1, Relaxed);
-            return SyncOutcome::Throttled(why);
+            let now = Instant::now();
+            if st.sync_futility.suspended(now) {
+                self.counts.throttled.fetch_add(1, Relaxed);
+                return SyncOutcome::Throttled(Throttle::Suspended);
+            }
+            // Inside the rate limit: wait it out, then look again (another thread may
+            // have started a reclaim meanwhile).
+            let Some(until) = st.last_end.map(|end| end + timing.min_interval).filter(|u| now < *u) else {
+                break;
+            };
+            if until > deadline {
+                self.counts.throttled.fetch_add(1, Relaxed);
+                return SyncOutcome::Throttled(Throttle::RateLimited);
+            }
+            st = wait_timeout(&self.ended, st, until - now);
         }
         st.in_flight = true;
         drop(st);
@@ -203,7 +249,7 @@ impl Coordinator {
         let now = Instant::now();
         let recent =
             st.last_end.is_some_and(|end| now.saturating_duration_since(end) < timing.background_interval);
-        if recent || throttle(&st, timing, now).is_some() {
+        if recent || st.background_futility.suspended(now) || throttle(&st, timing, now).is_some() {
             return false;
         }
         st.background_need = need.max(1);
@@ -246,13 +292,16 @@ impl Coordinator {
         st.in_flight = false;
         st.generation = st.generation.wrapping_add(1);
         st.last_end = Some(ended);
+        if run.freed == 0 {
+            self.counts.futile.fetch_add(1, Relaxed);
+        }
         if run.freed >= need && !run.panicked {
-            st.futile_streak = 0;
-            st.suspended_until = None;
+            st.sync_futility = Futility::NONE;
+            st.background_futility = Futility::NONE;
         } else {
-            st.futile_streak = st.futile_streak.saturating_add(1);
-            if st.futile_streak >= FUTILE_RUNS {
-                st.suspended_until = Some(ended + suspension(st.futile_streak));
+            match kind {
+                ReclaimKind::Sync => st.sync_futility.record_futile(ended),
+                ReclaimKind::Background => st.background_futility.record_futile(ended),
             }
         }
         let slot = st.next;
@@ -269,25 +318,44 @@ impl Coordinator {
         self.ended.notify_all();
     }
 
-    /// Makes the coordinator usable in a `fork` child: the parent's other threads,
-    /// and any reclaim they were running or waiting for, do not exist there.
+    /// A `fork` prepare handler's step: takes the lock, so no other thread is inside
+    /// it when the process is copied.
     ///
     /// # Safety
-    /// As [`unlock_in_fork_child`](crate::sync::unlock_in_fork_child).
+    /// Only from a prepare handler, followed by [`after_fork`](Self::after_fork) on the
+    /// same thread.
     #[cfg(not(loom))]
-    pub(crate) unsafe fn after_fork_child(&self) {
-        // SAFETY: forwarded contract.
-        unsafe { crate::sync::unlock_in_fork_child(&self.state) };
-        let mut st = lock(&self.state);
-        st.in_flight = false;
-        st.background_need = 0;
+    pub(crate) unsafe fn before_fork(&'static self) {
+        let guard = lock(&self.state);
+        // SAFETY: a guard of this slot's lock, just taken.
+        unsafe { self.fork.keep(guard) };
+    }
+
+    /// Releases the lock taken by [`before_fork`](Self::before_fork). In the child,
+    /// first forgets what the parent's vanished threads were doing: a reclaim in
+    /// flight, a queued background request (the worker does not exist there).
+    ///
+    /// # Safety
+    /// Only from the parent or child handler of the fork whose prepare handler called
+    /// `before_fork`.
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn after_fork(&'static self, child: bool) {
+        // SAFETY: the forking thread, between before_fork and now (the contract).
+        unsafe {
+            self.fork.release_after(|st| {
+                if child {
+                    st.in_flight = false;
+                    st.background_need = 0;
+                }
+            })
+        };
     }
 
     /// Forgets the futility record: a new callback deserves a fresh start.
     pub(crate) fn reset_futility(&self) {
         let mut st = lock(&self.state);
-        st.futile_streak = 0;
-        st.suspended_until = None;
+        st.sync_futility = Futility::NONE;
+        st.background_futility = Futility::NONE;
     }
 
     /// The last reclaims, newest first.
@@ -306,8 +374,10 @@ impl Coordinator {
     }
 }
 
+/// What holds a reclaim back now: a suspension after futile synchronous reclaims (which
+/// holds both kinds back), or the rate limit.
 fn throttle(st: &State, timing: Timing, now: Instant) -> Option<Throttle> {
-    if st.suspended_until.is_some_and(|until| now < until) {
+    if st.sync_futility.suspended(now) {
         return Some(Throttle::Suspended);
     }
     if st.last_end.is_some_and(|end| now.saturating_duration_since(end) < timing.min_interval) {
@@ -347,7 +417,7 @@ mod tests {
         assert_eq!(c.counts.sync.load(Relaxed), u64::from(FUTILE_RUNS));
         assert_eq!(c.counts.throttled.load(Relaxed), 1);
         // Pretend the suspension ran out: a reclaim that frees enough resets the streak.
-        lock(&c.state).suspended_until = None;
+        lock(&c.state).sync_futility.suspended_until = None;
         let good = |need| Run { freed: need, panicked: false };
         assert!(matches!(c.reclaim_sync(10, NOW, good), SyncOutcome::Ran(_)));
         assert!(matches!(c.reclaim_sync(10, NOW, futile), SyncOutcome::Ran(_)));
@@ -357,18 +427,40 @@ mod tests {
     }
 
     #[test]
-    fn rate_limit_blocks_a_second_reclaim() {
+    fn rate_limit_delays_a_second_reclaim_within_the_wait() {
         let c = Coordinator::new();
-        let slow = Timing {
-            wait: Duration::from_secs(1),
-            min_interval: Duration::from_secs(3600),
+        let timing = |wait, interval| Timing {
+            wait: Duration::from_millis(wait),
+            min_interval: Duration::from_millis(interval),
             background_interval: Duration::ZERO,
         };
-        assert!(matches!(
-            c.reclaim_sync(1, slow, |n| Run { freed: n, panicked: false }),
-            SyncOutcome::Ran(_)
-        ));
-        assert_eq!(c.reclaim_sync(1, slow, futile), SyncOutcome::Throttled(Throttle::RateLimited));
+        let good = |n| Run { freed: n, panicked: false };
+        assert!(matches!(c.reclaim_sync(1, timing(1000, 3_600_000), good), SyncOutcome::Ran(_)));
+        // An interval longer than the wait: turned away, never held past the wait.
+        assert_eq!(
+            c.reclaim_sync(1, timing(1000, 3_600_000), futile),
+            SyncOutcome::Throttled(Throttle::RateLimited)
+        );
+        // An interval within the wait: the request waits it out and runs.
+        let asked = Instant::now();
+        assert!(matches!(c.reclaim_sync(1, timing(5000, 30), good), SyncOutcome::Ran(_)));
+        let waited = asked.elapsed();
+        let ended = c.history()[1].expect("the first reclaim is recorded").ended;
+        assert!(
+            c.history()[0].expect("the second one too").ended >= ended + Duration::from_millis(30),
+            "ran inside the interval (waited {waited:?})"
+        );
+    }
+
+    #[test]
+    fn futile_background_reclaims_never_suspend_sync_ones() {
+        let c = Coordinator::new();
+        for _ in 0..FUTILE_RUNS {
+            assert!(c.request_background(10, NOW));
+            assert!(c.serve_background(futile).is_some());
+        }
+        assert!(!c.request_background(10, NOW), "futile background reclaims suspend background ones");
+        assert!(matches!(c.reclaim_sync(10, NOW, futile), SyncOutcome::Ran(_)), "but never sync ones");
     }
 
     #[test]

@@ -27,9 +27,10 @@ impl HeapBytes {
     }
 }
 
-/// A function that reports the heap. Called from the allocator's slow path (at most
-/// once per flush and per refused request) and by [`stats`](crate::stats): it must be
-/// cheap, must not block on other threads' allocations, and should not allocate.
+/// A function that reports the heap. Called from the allocator's slow path (a few
+/// times per flush and per refused request) and by [`stats`](crate::stats): it must be
+/// cheap, must not block on other threads' allocations, and should not allocate. A
+/// panic in it is caught, counted, and the last figures it gave stand in.
 pub type ProbeFn = dyn Fn() -> HeapBytes + Send + Sync;
 
 /// Where heap figures come from.
@@ -52,6 +53,13 @@ static USED: AtomicU64 = AtomicU64::new(0);
 /// A leaked `Box<Box<ProbeFn>>`: a reader on another thread may still be calling the
 /// old function when a new one is installed, so functions are never freed.
 static FUNC: AtomicPtr<Box<ProbeFn>> = AtomicPtr::new(std::ptr::null_mut());
+/// Calls of the probe function that panicked (caught).
+static PROBE_PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Calls of a probe function that panicked.
+pub(crate) fn panics() -> u64 {
+    PROBE_PANICS.load(Relaxed)
+}
 
 /// Chooses where heap figures come from.
 pub fn heap_probe(probe: HeapProbe) {
@@ -82,9 +90,19 @@ pub(crate) fn read() -> HeapBytes {
             let f = FUNC.load(Acquire);
             // SAFETY: FUNC only ever holds null or a pointer from `Box::into_raw` that is
             // never freed (see FUNC), and MODE is set to FUNCTION after the store.
-            match unsafe { f.as_ref() } {
-                Some(f) => f(),
-                None => HeapBytes::default(),
+            let Some(f) = (unsafe { f.as_ref() }) else { return HeapBytes::default() };
+            // A panic must not unwind out of the allocator: the last good figures
+            // stand in for a probe that panicked.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+                Ok(heap) => {
+                    COMMITTED.store(heap.committed, Relaxed);
+                    USED.store(heap.used, Relaxed);
+                    heap
+                }
+                Err(_) => {
+                    PROBE_PANICS.fetch_add(1, Relaxed);
+                    HeapBytes { committed: COMMITTED.load(Relaxed), used: USED.load(Relaxed) }
+                }
             }
         }
         _ => HeapBytes::default(),

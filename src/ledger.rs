@@ -10,12 +10,17 @@
 //! A thread picks up a new threshold at its next flush.
 //!
 //! Over the limit: a flush adds the pending delta unconditionally (that memory is
-//! already taken), then admits the new request against the limit. So the flushed
-//! total may pass the limit by less than a slack, and the fast path may add less than
-//! a slack more before the next check: native plus heap stays under the limit plus
-//! twice the sum of the slacks (twice the error bound). The threshold is
-//! `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser than ClickHouse's
-//! `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a 256th of its limit.
+//! already taken), and a thread leaves the slow path with its slack only while the
+//! account is at or under the ceiling (`limit - heap`); past it the thread is *tight*
+//! (slack 0: every allocation and free goes to the slow path, where admission is a
+//! compare-and-swap against the ceiling) until a slow path finds the account under it
+//! again. A thread adds at most one slack past the ceiling before it turns tight, and
+//! cannot loosen while the account stays past it, so native plus heap stays at or
+//! under `limit + error_bound()` for any program, including one that keeps
+//! allocating after refusals (plus the over-commit allowance for requests under
+//! `refuse_min`). The threshold is `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser
+//! than ClickHouse's `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a
+//! 256th of its limit.
 //!
 //! The per-thread state is a plain [`Local`] that each face keeps in thread-local
 //! storage of its own ([`Face`]): the Rust face in `rust_face.rs`, the preload in
@@ -41,7 +46,10 @@ pub(crate) static ACCOUNT: Account = Account::new();
 static LIVE_THREADS: AtomicI64 = AtomicI64::new(0);
 /// The threshold handed to a thread at its next flush.
 static THRESHOLD: AtomicU64 = AtomicU64::new(MIN_THRESHOLD);
-/// The sum of the live threads' slacks: the bound on the unflushed error.
+/// The sum of the live threads' allowances (their slack when not tight): the bound on
+/// the unflushed error and on how far past the limit flushes can take the account.
+/// After a `fork` it keeps the allowances of the threads that did not survive it:
+/// what they had not flushed is in the child's memory, uncounted.
 static SLACK_SUM: AtomicU64 = AtomicU64::new(0);
 
 /// The threshold for a limit of `limit` bytes.
@@ -88,9 +96,19 @@ pub struct Local {
     /// bytes it freed since its last flush. Kept in `(0, 2 * slack)`, i.e.
     /// `|delta| < slack`, so each fast-path check is one unsigned compare.
     level: Cell<u64>,
-    /// The thread's slack: 0 while `Fresh` or `Exited`, so every change goes slow.
+    /// The thread's slack: its allowance, or 0 while tight, `Fresh` or `Exited`, so
+    /// every change goes slow.
     slack: Cell<u64>,
+    /// The slack the thread is entitled to, counted in [`SLACK_SUM`]: the threshold
+    /// while `Live`, else 0.
+    allowance: Cell<u64>,
+    /// Bytes already charged to the account by a gate ([`prepay`]) for the
+    /// allocation that follows it on this thread.
+    prepaid: Cell<u64>,
     phase: Cell<Phase>,
+    /// The account was past the ceiling when this thread last left the slow path:
+    /// its slack is 0 until a slow path finds it under the ceiling again.
+    tight: Cell<bool>,
     /// Set while this thread runs memquota's own slow path (policy, reclaim callback,
     /// report): allocations made there are charged but never policed.
     busy: Cell<bool>,
@@ -105,7 +123,10 @@ impl Local {
         Local {
             level: Cell::new(0),
             slack: Cell::new(0),
+            allowance: Cell::new(0),
+            prepaid: Cell::new(0),
             phase: Cell::new(Phase::Fresh),
+            tight: Cell::new(false),
             busy: Cell::new(false),
             scope: Cell::new(0),
         }
@@ -186,22 +207,52 @@ impl Drop for Busy<'_> {
 }
 
 /// Takes the thread's delta, registering the thread (for the exit flush) on its first
-/// visit and refreshing its slack. The caller adds the result to the account.
+/// visit and refreshing its allowance; a tight thread stays tight. The caller adds
+/// the result to the account.
 pub(crate) fn settle(l: &Local, face: &Face) -> i64 {
     if l.phase.get() == Phase::Fresh {
         l.phase.set(Phase::Live);
         LIVE_THREADS.fetch_add(1, Relaxed);
-        set_slack(l, threshold()); // a fresh thread's delta is 0: all went slow
-                                   // Registering may allocate: with the slack now set, those allocations land in
-                                   // the delta taken just below.
+        // A fresh thread's delta is 0 (all went slow). Registering may allocate: with
+        // the slack now set, those allocations land in the delta taken just below.
+        set_allowance(l, threshold());
         if !(face.register_exit)() {
             l.phase.set(Phase::Exited);
             LIVE_THREADS.fetch_sub(1, Relaxed);
         }
     }
     let d = take_delta(l);
-    set_slack(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
+    set_allowance(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
     crate::scope::attribute(l.scope.get(), d)
+}
+
+/// Ends a slow path: takes the delta (what the thread's own callbacks allocated on
+/// the fast path meanwhile) and makes the thread tight if the account is past the
+/// ceiling (`over`), loose otherwise. The caller adds the result to the account.
+pub(crate) fn rearm(l: &Local, over: bool) -> i64 {
+    let d = take_delta(l);
+    l.tight.set(over);
+    set_allowance(l, l.allowance.get());
+    crate::scope::attribute(l.scope.get(), d)
+}
+
+/// Records that a gate charged `bytes` to the account for the allocation that
+/// follows on this thread.
+pub(crate) fn prepay(l: &Local, bytes: u64) {
+    l.prepaid.set(l.prepaid.get().saturating_add(bytes));
+}
+
+/// Takes up to `bytes` of the thread's prepaid charge; returns what it took.
+pub(crate) fn use_prepaid(l: &Local, bytes: u64) -> u64 {
+    let have = l.prepaid.get();
+    let took = have.min(bytes);
+    l.prepaid.set(have - took);
+    took
+}
+
+/// Takes what is left of the thread's prepaid charge (to be credited back).
+pub(crate) fn take_prepaid(l: &Local) -> u64 {
+    l.prepaid.replace(0)
 }
 
 /// The raw handle of the thread's scope (0: none).
@@ -229,29 +280,34 @@ pub fn thread_exit(l: &Local) {
         LIVE_THREADS.fetch_sub(1, Relaxed);
     }
     let scope = l.scope.replace(0);
-    ACCOUNT.add(crate::scope::attribute(scope, take_delta(l)));
+    let prepaid = i64::try_from(take_prepaid(l)).unwrap_or(i64::MAX);
+    ACCOUNT.add(crate::scope::attribute(scope, take_delta(l)) - prepaid);
     crate::scope::thread_exited(scope);
-    set_slack(l, 0);
+    l.tight.set(false);
+    set_allowance(l, 0);
 }
 
-/// In a `fork` child only the forking thread exists: the counts of live threads and
-/// of their slack start again from it.
+/// In a `fork` child only the forking thread exists. The live-thread count starts
+/// again from it; [`SLACK_SUM`] keeps the vanished threads' allowances, since what
+/// they had not flushed was copied into the child and is never counted.
 pub(crate) fn after_fork_child(l: Option<&Local>) {
     let live = l.is_some_and(|l| l.phase.get() == Phase::Live);
     LIVE_THREADS.store(i64::from(live), Relaxed);
-    SLACK_SUM.store(l.map_or(0, |l| l.slack.get()), Relaxed);
 }
 
-/// Changes a thread's slack, with its delta at zero, keeping [`SLACK_SUM`] exact. Only
-/// the owning thread calls this, so the old value is read and written without a race.
-fn set_slack(l: &Local, slack: u64) {
-    let old = l.slack.replace(slack);
-    l.level.set(slack);
-    if slack > old {
-        SLACK_SUM.fetch_add(slack - old, Relaxed);
-    } else if old > slack {
-        SLACK_SUM.fetch_sub(old - slack, Relaxed);
+/// Changes a thread's allowance, with its delta at zero, keeping [`SLACK_SUM`]
+/// exact, and sets its slack from it. Only the owning thread calls this, so the old
+/// value is read and written without a race.
+fn set_allowance(l: &Local, allowance: u64) {
+    let old = l.allowance.replace(allowance);
+    if allowance > old {
+        SLACK_SUM.fetch_add(allowance - old, Relaxed);
+    } else if old > allowance {
+        SLACK_SUM.fetch_sub(old - allowance, Relaxed);
     }
+    let slack = if l.tight.get() { 0 } else { allowance };
+    l.slack.set(slack);
+    l.level.set(slack);
 }
 
 /// Charges `bytes` from inside our own slow path: straight to the account, no policy.

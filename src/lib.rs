@@ -31,6 +31,8 @@ mod engine;
 #[cfg(not(loom))]
 mod export;
 #[cfg(not(loom))]
+mod fork;
+#[cfg(not(loom))]
 mod heap_probe;
 #[cfg(all(feature = "jvm", not(loom)))]
 pub mod jvm;
@@ -56,8 +58,9 @@ mod loom_tests;
 /// [`face::charge_slow`] when they say no.
 #[cfg(not(loom))]
 pub mod face {
-    pub use crate::engine::{after_fork_child, charge_slow, flush_thread, make_room, record};
+    pub use crate::engine::{adopt, charge_slow, end_gate, flush_thread, make_room, record};
     pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
+    pub use crate::report::flush_quiet;
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, note_alloc, note_free, note_realloc_begin,
         note_realloc_end, release_raw, reserve_raw, OWNED_MIN,

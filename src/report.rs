@@ -1,12 +1,21 @@
 //! The OOM report: built in a fixed buffer on the stack, with no heap allocation, and
 //! handed to a replaceable hook (default: stderr).
+//!
+//! Reports inform without flooding. The first refusal writes a full report and opens
+//! a window (`MEMQUOTA_REPORT_WINDOW`, 1 s by default); later refusals in the window
+//! are only counted, and the next full report starts with one line that sums them up.
+//! A material change (a new scope began, a reclaim freed nothing, the limit moved)
+//! writes a full report inside the window too, at most [`PER_WINDOW`] per window. A
+//! refusal while another report is being written (a crash handler that allocates) is
+//! counted, never reported in turn. The counters stay exact: every refusal counts.
 
 use crate::config::{HeapMode, OnOom};
 use crate::gc::{ReclaimKind, ReclaimRecord, Throttle, HISTORY};
 use crate::stats::Stats;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, ForkHeld, Mutex, MutexGuard};
 use std::fmt::{self, Write};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// Bytes a report may take; longer text is cut.
 pub const REPORT_CAPACITY: usize = 4096;
@@ -18,6 +27,127 @@ pub type ReportHook = fn(&str);
 
 static HOOK: Mutex<ReportHook> = Mutex::new(write_stderr);
 static LAST: Mutex<FixedBuf> = Mutex::new(FixedBuf::new());
+
+/// Full reports a window may hold: the first, and those that material changes bring.
+pub(crate) const PER_WINDOW: u32 = 8;
+
+/// What the refusal path knows of the process's state, for telling a material change.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Mark {
+    /// Scopes begun so far.
+    pub(crate) scopes: u64,
+    /// Reclaims so far that freed nothing.
+    pub(crate) futile: u64,
+    /// The limit.
+    pub(crate) limit: i64,
+}
+
+/// The refusals a window has held back from the hook.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Quiet {
+    /// How many.
+    pub(crate) count: u64,
+    /// Bytes they asked for in all.
+    pub(crate) bytes: u64,
+    /// The largest.
+    pub(crate) largest: u64,
+    /// When the window they fell in opened.
+    pub(crate) since: Option<Instant>,
+}
+
+struct Flood {
+    /// When the current window closes (None: no window open).
+    closes: Option<Instant>,
+    /// Full reports written in the current window.
+    full: u32,
+    mark: Mark,
+    quiet: Quiet,
+}
+
+static FLOOD: Mutex<Flood> = Mutex::new(Flood {
+    closes: None,
+    full: 0,
+    mark: Mark { scopes: 0, futile: 0, limit: 0 },
+    quiet: Quiet { count: 0, bytes: 0, largest: 0, since: None },
+});
+/// Set while a full report is being written.
+static WRITING: AtomicBool = AtomicBool::new(false);
+static WINDOW_MS: AtomicU64 = AtomicU64::new(1000);
+static FULL_REPORTS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets the report window (0: every refusal writes a full report).
+pub(crate) fn set_window(window: Duration) {
+    WINDOW_MS.store(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), Relaxed);
+}
+
+/// Full reports handed to the hook so far.
+pub(crate) fn full_reports() -> u64 {
+    FULL_REPORTS.load(Relaxed)
+}
+
+/// The right to write one full report; dropping it ends the writing.
+pub(crate) struct Turn {
+    /// The refusals held back since the last full report.
+    pub(crate) quiet: Quiet,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        WRITING.store(false, Relaxed);
+    }
+}
+
+/// Decides whether a refusal of `requested` bytes writes a full report (`Some`) or is
+/// only counted (`None`). `force`: it must be written (the process aborts next).
+pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
+    let now = Instant::now();
+    let mut f = lock(&FLOOD);
+    let window = Duration::from_millis(WINDOW_MS.load(Relaxed));
+    let open = f.closes.is_some_and(|closes| now < closes);
+    let changed = f.mark != mark && f.full < PER_WINDOW;
+    // One writer at a time: a refusal while a report is written is counted only.
+    let writing = WRITING.load(Relaxed);
+    if !force && (writing || (open && !changed)) {
+        let q = &mut f.quiet;
+        q.count += 1;
+        q.bytes = q.bytes.saturating_add(requested);
+        q.largest = q.largest.max(requested);
+        q.since.get_or_insert(now);
+        return None;
+    }
+    if !open {
+        f.closes = now.checked_add(window);
+        f.full = 0;
+    }
+    f.full += 1;
+    f.mark = mark;
+    WRITING.store(true, Relaxed);
+    Some(Turn { quiet: std::mem::take(&mut f.quiet) })
+}
+
+/// Hands the summary of refusals held back so far to the hook, if there are any: for
+/// a program's exit.
+pub fn flush_quiet() {
+    let quiet = std::mem::take(&mut lock(&FLOOD).quiet);
+    if quiet.count > 0 {
+        let mut buf = FixedBuf::new();
+        let _ = write_quiet(&mut buf, &quiet);
+        let hook = *lock(&HOOK);
+        hook(buf.as_str());
+    }
+}
+
+fn write_quiet(w: &mut impl Write, q: &Quiet) -> fmt::Result {
+    let secs = q.since.map_or(0.0, |t| t.elapsed().as_secs_f64());
+    writeln!(
+        w,
+        "memquota: {} more refusal{} of {} in all in the last {secs:.1} s (largest {}), counted without a report",
+        q.count,
+        if q.count == 1 { "" } else { "s" },
+        Size(q.bytes),
+        Size(q.largest),
+    )
+}
 
 /// Replaces the report hook; returns the previous one.
 pub fn set_report_hook(hook: ReportHook) -> ReportHook {
@@ -38,21 +168,43 @@ pub fn write_stderr(report: &str) {
     }
 }
 
-/// Releases the report locks in a `fork` child.
-///
-/// # Safety
-/// As [`unlock_in_fork_child`](crate::sync::unlock_in_fork_child).
-pub(crate) unsafe fn after_fork_child() {
-    // SAFETY: forwarded contract.
+static FLOOD_HELD: ForkHeld<MutexGuard<'static, Flood>> = ForkHeld::new();
+static LAST_HELD: ForkHeld<MutexGuard<'static, FixedBuf>> = ForkHeld::new();
+static HOOK_HELD: ForkHeld<MutexGuard<'static, ReportHook>> = ForkHeld::new();
+
+/// The report's part of a fork's prepare handler: takes its locks.
+pub(crate) fn before_fork() {
+    // SAFETY: each a guard of its slot's lock, just taken.
     unsafe {
-        crate::sync::unlock_in_fork_child(&HOOK);
-        crate::sync::unlock_in_fork_child(&LAST);
+        FLOOD_HELD.keep(lock(&FLOOD));
+        LAST_HELD.keep(lock(&LAST));
+        HOOK_HELD.keep(lock(&HOOK));
     }
 }
 
-/// The most recent OOM report, if any allocation was refused.
+/// The report's part of a fork's parent and child handlers: releases its locks. In
+/// the child no report is being written (a thread that was writing one is gone).
+///
+/// # Safety
+/// Only from the parent or child handler of the fork whose prepare handler called
+/// [`before_fork`].
+pub(crate) unsafe fn after_fork(child: bool) {
+    if child {
+        WRITING.store(false, Relaxed);
+    }
+    // SAFETY: forwarded contract, in the reverse order of `before_fork`.
+    unsafe {
+        HOOK_HELD.release();
+        LAST_HELD.release();
+        FLOOD_HELD.release();
+    }
+}
+
+/// The most recent full OOM report, if any allocation was refused.
 pub fn last_report() -> Option<String> {
-    let last = lock(&LAST);
+    // Copied out first: the String is allocated with no lock held, so a refusal of
+    // that allocation (which takes this lock) cannot deadlock.
+    let last = *lock(&LAST);
     (!last.as_str().is_empty()).then(|| last.as_str().to_owned())
 }
 
@@ -75,13 +227,22 @@ pub(crate) fn note(args: fmt::Arguments<'_>) {
     hook(buf.as_str());
 }
 
-/// Writes the report and hands it to the hook.
-pub(crate) fn emit(refusal: &Refusal) {
+/// Writes the report, after the summary of the refusals held back before it, and
+/// hands it to the hook.
+pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
     let mut buf = FixedBuf::new();
+    if turn.quiet.count > 0 {
+        let _ = write_quiet(&mut buf, &turn.quiet);
+    }
+    let start = buf.len;
     let _ = write_report(&mut buf, refusal);
-    *lock(&LAST) = buf;
+    let mut last = FixedBuf::new();
+    let _ = last.write_str(&buf.as_str()[start..]);
+    *lock(&LAST) = last;
+    FULL_REPORTS.fetch_add(1, Relaxed);
     let hook = *lock(&HOOK);
     hook(buf.as_str());
+    drop(turn);
 }
 
 fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
@@ -102,6 +263,7 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     writeln!(w, "  heap committed   {}", Size(s.heap.committed))?;
     writeln!(w, "  heap used        {}  (counted: {counted})", Size(s.heap.used))?;
     writeln!(w, "  headroom         {}", Size(s.headroom))?;
+    writeln!(w, "  refusals         {} in all, {} over-commit grants past the limit", s.ooms, s.overcommits)?;
     writeln!(
         w,
         "  reclaims         {} sync, {} background, {} panicked, {} throttled; freed {} in all",

@@ -55,10 +55,11 @@ pub struct Stats {
     pub heap_mode: HeapMode,
     /// `limit - (native + counted heap)`, 0 when over.
     pub headroom: u64,
-    /// Bytes granted past the limit to requests under `refuse_min` (never more than a
-    /// sixteenth of the limit).
+    /// Bytes past the limit now: `native + counted heap - limit`, 0 when under. Bounded
+    /// by `error_bound`, plus a sixteenth of the limit when `refuse_min` is set.
     pub overcommit: u64,
-    /// Requests granted past the limit because they were under `refuse_min`.
+    /// Grants that left the account past the limit: small requests over-committed
+    /// under `refuse_min`, and flushes of memory already taken on the fast path.
     pub overcommits: u64,
     /// The smallest request that may be refused.
     pub refuse_min: u64,
@@ -68,14 +69,21 @@ pub struct Stats {
     pub reclaims_background: u64,
     /// Reclaim callbacks that panicked (caught).
     pub reclaim_panics: u64,
+    /// Calls of a heap probe function that panicked (caught; its last figures stood in).
+    pub heap_probe_panics: u64,
     /// Reclaim requests turned away by the rate limit or the futility suspension.
     pub reclaims_throttled: u64,
     /// Bytes the reclaims were measured to free, in total.
     pub reclaimed_bytes: u64,
     /// Allocations refused.
     pub ooms: u64,
-    /// The current bound on `|native - true live bytes|`: live threads times the
-    /// largest per-thread threshold.
+    /// Full OOM reports written (the rest of the refusals were counted and summed up
+    /// in the next report: see `MEMQUOTA_REPORT_WINDOW`).
+    pub reports: u64,
+    /// The sum of the live threads' flush thresholds: the bound on
+    /// `|native - true live bytes|`, and on how far past the limit memory already
+    /// taken can carry native plus heap. After a `fork` it keeps the threads that did
+    /// not survive it (what they had not flushed was copied, uncounted).
     pub error_bound: u64,
     /// Threads whose delta may be unflushed.
     pub threads: u64,

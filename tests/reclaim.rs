@@ -39,7 +39,11 @@ fn main() {
 /// A budget with no soft threshold (no background reclaims to race with the check)
 /// and no rate limit.
 fn configure(limit: usize) -> Config {
-    let c = Config::new().limit(limit as u64).soft_ratio(1.0).reclaim_interval(Duration::ZERO);
+    let c = Config::new()
+        .limit(limit as u64)
+        .soft_ratio(1.0)
+        .reclaim_interval(Duration::ZERO)
+        .report_window(Duration::ZERO);
     memquota::init(c.clone()).unwrap();
     c
 }

@@ -55,6 +55,7 @@ extern "C" fn on_load() {
     let config = Config::from_env().unwrap_or_else(|e| fail(&e.to_string()));
     let mut config = with_preload_defaults(config);
     let metrics = config.take_metrics_addr();
+    face::adopt(&FACE);
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
     if let Some(addr) = metrics {
         // Children inherit the variable with LD_PRELOAD, and the first process holds
@@ -73,10 +74,6 @@ extern "C" fn on_load() {
         }
     }
     let settings = read_settings().unwrap_or_else(|e| fail(&e));
-    // SAFETY: registering plain extern "C" handlers.
-    unsafe {
-        libc::pthread_atfork(None, None, Some(after_fork_child));
-    }
     INTERVAL_NS.store(u64::try_from(settings.interval.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     if settings.report_at_exit {
         REPORT_AT_EXIT.store(true, Relaxed);
@@ -206,10 +203,4 @@ fn summary(s: &Stats) -> String {
         mib(s.process_rss),
         mib(s.untracked()),
     )
-}
-
-extern "C" fn after_fork_child() {
-    // SAFETY: a pthread_atfork child handler runs in the child before it can start
-    // any thread.
-    unsafe { face::after_fork_child(&FACE) };
 }

@@ -6,7 +6,10 @@
 //! is in native state and a GC's safepoint does not wait for it. There it waits, if
 //! need be, for the GC that makes room ([`face::make_room`]); if room cannot be made
 //! it throws `OutOfMemoryError` carrying the report, which callers of these methods
-//! handle. Then the JVM's own native runs, in VM state, and its malloc is counted
+//! handle. The gate charges the request to the budget as it lets it through, so
+//! gates on many threads cannot all pass on the same room; the malloc that follows
+//! uses that charge up ([`face::end_gate`] returns what it did not). Then the JVM's
+//! own native runs, in VM state, and its malloc is counted
 //! like every other: under [`Enforcement::Gates`](memquota_core::Enforcement) no
 //! malloc waits or is refused, since one made in VM state could hold up a safepoint.
 
@@ -51,7 +54,9 @@ unsafe extern "system" fn allocate_memory0(env: *mut JNIEnv, unsafe_: jobject, b
     // only bound after `gate_for` saved it.
     let original: Allocate = unsafe { std::mem::transmute::<*mut c_void, Allocate>(ALLOCATE.load(Acquire)) };
     // SAFETY: forwarding the JVM's own arguments to its own native.
-    unsafe { original(env, unsafe_, bytes) }
+    let address = unsafe { original(env, unsafe_, bytes) };
+    face::end_gate(&FACE);
+    address
 }
 
 unsafe extern "system" fn reallocate_memory0(
@@ -76,7 +81,9 @@ unsafe extern "system" fn reallocate_memory0(
     let original: Reallocate =
         unsafe { std::mem::transmute::<*mut c_void, Reallocate>(REALLOCATE.load(Acquire)) };
     // SAFETY: forwarding the JVM's own arguments to its own native.
-    unsafe { original(env, unsafe_, address, bytes) }
+    let moved = unsafe { original(env, unsafe_, address, bytes) };
+    face::end_gate(&FACE);
+    moved
 }
 
 /// Throws `java.lang.OutOfMemoryError` with the refusal's report as its message.

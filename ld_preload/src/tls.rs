@@ -29,10 +29,10 @@ pub(crate) struct Slot {
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("the preload's initial-exec TLS access is written for x86_64");
 
-const SLOT: usize = 64;
+const SLOT: usize = 128;
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT && std::mem::align_of::<Slot>() <= 64);
 
-// A zero-filled, 64-byte-aligned TLS slot. All-zero bytes are a fresh `Slot`.
+// A zero-filled, 64-byte-aligned TLS slot of SLOT bytes. All-zero bytes are a fresh `Slot`.
 // `.hidden`: shared by our object files, invisible to other modules.
 std::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
@@ -40,9 +40,9 @@ std::arch::global_asm!(
     ".globl memquota_preload_local",
     ".hidden memquota_preload_local",
     ".type memquota_preload_local,@object",
-    ".size memquota_preload_local,64",
+    ".size memquota_preload_local,128",
     "memquota_preload_local:",
-    ".zero 64",
+    ".zero 128",
     ".popsection",
 );
 

@@ -10,8 +10,9 @@ use super::spill::{self, Cursor};
 use crate::config::OnOom;
 use crate::engine;
 use crate::ledger::{self, Face, Local, ACCOUNT};
+use crate::sync::{lock, ForkHeld};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Requests in flight that may wait; a free wakes waiters only when there are any.
@@ -21,6 +22,7 @@ static FREE_GEN: AtomicU64 = AtomicU64::new(0);
 // std's futex-based lock and condvar: they never allocate.
 static WAIT: Mutex<()> = Mutex::new(());
 static FREED: Condvar = Condvar::new();
+static WAIT_HELD: ForkHeld<MutexGuard<'static, ()>> = ForkHeld::new();
 /// The longest a request waits for its fair share, in milliseconds.
 static WAIT_MS: AtomicU64 = AtomicU64::new(2000);
 /// The scope whose request is being refused (for the report).
@@ -30,23 +32,42 @@ pub(crate) fn set_wait(d: Duration) {
     WAIT_MS.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Relaxed);
 }
 
+/// The wait lock's part of a fork's prepare handler.
+pub(crate) fn before_fork() {
+    // SAFETY: a guard of WAIT, just taken.
+    unsafe { WAIT_HELD.keep(lock(&WAIT)) };
+}
+
+/// The wait lock's part of a fork's parent and child handlers. In the child no
+/// request waits: the threads that did are gone.
+///
+/// # Safety
+/// On the thread whose prepare handler called [`before_fork`], once.
+pub(crate) unsafe fn after_fork(child: bool) {
+    if child {
+        WAITERS.store(0, SeqCst);
+    }
+    // SAFETY: forwarded contract.
+    unsafe { WAIT_HELD.release() };
+}
+
 /// Called after a scope's charge went down: wakes requests waiting for their share.
 pub(crate) fn wake() {
     if WAITERS.load(SeqCst) > 0 {
         FREE_GEN.fetch_add(1, SeqCst);
-        let _g = WAIT.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = lock(&WAIT);
         FREED.notify_all();
     }
 }
 
 fn wait_for_free(seen: u64, deadline: Instant) {
-    let mut g = WAIT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut g = lock(&WAIT);
     while FREE_GEN.load(SeqCst) == seen {
         let now = Instant::now();
         if now >= deadline {
             break;
         }
-        g = FREED.wait_timeout(g, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        g = crate::sync::wait_timeout(&FREED, g, deadline - now);
     }
 }
 
@@ -127,7 +148,10 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
         }
         // Nothing left to spill.
         if partial {
-            if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, true, false) {
+            // Bound first: a guard in an `if let` scrutinee lives through the whole
+            // body, and the body reaches the report, which takes the lock again.
+            let decision = POOL.lock().try_grant(handle, ask, true, false);
+            if let Decision::Granted { granted, dh } = decision {
                 if charge_process(handle, ask, granted, dh) {
                     return Outcome::Granted(granted);
                 }
@@ -159,7 +183,9 @@ fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
 /// refusal by the scope's share.
 fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcome {
     if short == Short::Process {
-        if let Decision::Granted { granted, dh } = POOL.lock().try_grant(handle, ask, false, false) {
+        // Bound first, as in `acquire`: the body reaches the report (the lock again).
+        let decision = POOL.lock().try_grant(handle, ask, false, false);
+        if let Decision::Granted { granted, dh } = decision {
             if dh <= 0 {
                 ACCOUNT.add(dh);
                 return Outcome::Granted(granted);

@@ -3,14 +3,26 @@
 //! library that may allocate on first use, and be releasable in a `fork` child. Every
 //! critical section under it is a few loads, stores and compares, or a copy into a
 //! fixed buffer: nothing in it allocates, frees or calls foreign code.
+//!
+//! Taking it twice on one thread would spin forever (a guard kept alive across a call
+//! that reaches the report, which reads the tables): the lock knows its holder, and a
+//! second take by the holder aborts with a message instead of hanging the process.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
+    /// The holder's `pthread_self`, 0 when free. Only the holder stores its own id
+    /// here, so a thread that reads its own id holds the lock.
+    holder: AtomicUsize,
     data: UnsafeCell<T>,
+}
+
+fn me() -> usize {
+    // SAFETY: pthread_self has no preconditions and never fails.
+    unsafe { libc::pthread_self() as usize }
 }
 
 // SAFETY: the data is reached only through a guard, and a guard exists for at most
@@ -19,10 +31,14 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
     pub(crate) const fn new(data: T) -> SpinLock<T> {
-        SpinLock { locked: AtomicBool::new(false), data: UnsafeCell::new(data) }
+        SpinLock { locked: AtomicBool::new(false), holder: AtomicUsize::new(0), data: UnsafeCell::new(data) }
     }
 
     pub(crate) fn lock(&self) -> SpinGuard<'_, T> {
+        let me = me();
+        if self.holder.load(Relaxed) == me {
+            taken_twice();
+        }
         let mut spins = 0u32;
         while self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
             spins += 1;
@@ -33,19 +49,34 @@ impl<T> SpinLock<T> {
                 std::thread::yield_now();
             }
         }
+        self.holder.store(me, Relaxed);
         SpinGuard { lock: self }
     }
 
-    /// Releases the lock a vanished thread held.
+    /// Takes the lock for a `fork` and keeps it past this call: a prepare handler's
+    /// step, undone by [`force_unlock`](Self::force_unlock) in the parent and child.
+    pub(crate) fn hold_for_fork(&self) {
+        std::mem::forget(self.lock());
+    }
+
+    /// Releases the lock [`hold_for_fork`](Self::hold_for_fork) kept.
     ///
     /// # Safety
-    /// Only in a `fork` child before it starts any thread: the holder does not exist
-    /// there, so nothing is inside the critical section.
+    /// Only from a fork's parent or child handler, on the thread whose prepare handler
+    /// held the lock: nothing else is inside the critical section.
     pub(crate) unsafe fn force_unlock(&self) {
+        self.holder.store(0, Relaxed);
         self.locked.store(false, Release);
     }
 }
 
+#[cold]
+fn taken_twice() -> ! {
+    crate::report::write_stderr("memquota: bug: a scope-table lock taken twice by one thread; aborting\n");
+    std::process::abort();
+}
+
+#[clippy::has_significant_drop]
 pub(crate) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
 }
@@ -67,6 +98,7 @@ impl<T> DerefMut for SpinGuard<'_, T> {
 
 impl<T> Drop for SpinGuard<'_, T> {
     fn drop(&mut self) {
+        self.lock.holder.store(0, Relaxed);
         self.lock.locked.store(false, Release);
     }
 }

@@ -50,6 +50,11 @@ pub(crate) fn attribute(handle: u64, d: i64) -> i64 {
     dh
 }
 
+/// Scopes begun so far.
+pub(crate) fn begun() -> u64 {
+    pool::BEGUN.load(Relaxed)
+}
+
 /// A thread left scope `handle` by exiting.
 pub(crate) fn thread_exited(handle: u64) {
     if handle != 0 {
@@ -76,16 +81,27 @@ pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
     p.write_tree(w)
 }
 
-/// Releases the scope locks in a `fork` child.
+/// The scopes' part of a fork's prepare handler: takes their locks.
+pub(crate) fn before_fork() {
+    admit::before_fork();
+    POOL.hold_for_fork();
+    owner::before_fork();
+    spill::before_fork();
+}
+
+/// The scopes' part of a fork's parent and child handlers: releases their locks; in
+/// the child, forgets the waiters and spills of threads that did not survive it.
 ///
 /// # Safety
-/// Only in the child, before it starts any thread.
-pub(crate) unsafe fn after_fork_child() {
-    // SAFETY: forwarded contract.
+/// Only from the parent or child handler of the fork whose prepare handler called
+/// [`before_fork`].
+pub(crate) unsafe fn after_fork(child: bool) {
+    // SAFETY: forwarded contract, in the reverse order of `before_fork`.
     unsafe {
+        spill::after_fork(child);
+        owner::after_fork();
         POOL.force_unlock();
-        owner::after_fork_child();
-        spill::after_fork_child();
+        admit::after_fork(child);
     }
 }
 

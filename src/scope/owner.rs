@@ -110,11 +110,16 @@ pub(crate) fn len() -> usize {
     LEN.load(Relaxed)
 }
 
-/// Empties the table in a `fork` child's view of a lock a vanished thread held.
+/// The table's part of a fork's prepare handler.
+pub(crate) fn before_fork() {
+    TABLE.hold_for_fork();
+}
+
+/// The table's part of a fork's parent and child handlers.
 ///
 /// # Safety
 /// As [`SpinLock::force_unlock`].
-pub(crate) unsafe fn after_fork_child() {
+pub(crate) unsafe fn after_fork() {
     // SAFETY: forwarded contract.
     unsafe { TABLE.force_unlock() };
 }

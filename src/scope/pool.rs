@@ -11,7 +11,7 @@
 
 use super::lock::SpinLock;
 use std::fmt::{self, Write};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// Scopes alive at once.
 pub const MAX_SCOPES: usize = 256;
@@ -21,6 +21,9 @@ const NAME: usize = 48;
 
 /// Set by the first scope: from then on big blocks get owner records.
 pub(crate) static SCOPES_USED: AtomicBool = AtomicBool::new(false);
+/// Scopes begun so far, readable without the lock (the OOM report's flood control
+/// tells a new scope from a repeat).
+pub(crate) static BEGUN: AtomicU64 = AtomicU64::new(0);
 
 pub(crate) static POOL: SpinLock<Pool> = SpinLock::new(Pool::new());
 
@@ -290,6 +293,7 @@ impl Pool {
         self.scopes[i] = Scope { gen, live: true, id, priority, name: Name::new(name), ..Scope::EMPTY };
         self.active += 1;
         self.totals.begun += 1;
+        BEGUN.fetch_add(1, Relaxed);
         SCOPES_USED.store(true, Relaxed);
         Some(key(gen, i))
     }
@@ -435,11 +439,12 @@ impl Pool {
     }
 
     pub(crate) fn note_spill(&mut self, key: u64, freed: u64) {
+        // `freed` is what a user's callback says it freed: never trusted to fit.
         self.totals.spills += 1;
-        self.totals.spilled_bytes += freed;
+        self.totals.spilled_bytes = self.totals.spilled_bytes.saturating_add(freed);
         if let Some(c) = self.consumer_mut(key) {
             c.spills += 1;
-            c.spilled += freed;
+            c.spilled = c.spilled.saturating_add(freed);
         }
     }
 

@@ -53,11 +53,23 @@ pub(crate) fn forget_dead() {
     }
 }
 
-/// Releases the registry's lock in a `fork` child.
+/// The registry's part of a fork's prepare handler.
+pub(crate) fn before_fork() {
+    CALLBACKS.hold_for_fork();
+}
+
+/// The registry's part of a fork's parent and child handlers. In the child, the
+/// marks of threads that did not survive the fork are cleared.
 ///
 /// # Safety
 /// As [`SpinLock::force_unlock`].
-pub(crate) unsafe fn after_fork_child() {
+pub(crate) unsafe fn after_fork(child: bool) {
+    if child {
+        let me = me();
+        for s in &SPILLING {
+            let _ = s.fetch_update(Relaxed, Relaxed, |t| (t != me && t != 0).then_some(0));
+        }
+    }
     // SAFETY: forwarded contract.
     unsafe { CALLBACKS.force_unlock() };
 }

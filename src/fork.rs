@@ -1,0 +1,51 @@
+//! `fork()` from a multi-threaded process. A prepare handler takes every lock that
+//! memquota's paths take, in one fixed order, so that no other thread is inside one of
+//! them when the process is copied; the parent handler releases them; the child
+//! handler releases them too, after resetting what the threads that did not survive
+//! the fork left behind (a reclaim in flight, waiters, the background worker, the
+//! live-thread count). What those threads had not flushed stays in the child's error
+//! bound (`ledger::after_fork_child`).
+//!
+//! None of the handlers allocates: jemalloc's own fork handlers hold its locks around
+//! ours when ours were registered first.
+
+use crate::engine;
+use std::sync::atomic::{AtomicBool, Ordering::AcqRel};
+
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Registers the fork handlers, once per process.
+pub(crate) fn install() {
+    if INSTALLED.swap(true, AcqRel) {
+        return;
+    }
+    // SAFETY: registering plain extern "C" handlers, which stay valid for the life of
+    // the process (this crate is never unloaded while its allocator is in use).
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+}
+
+extern "C" fn prepare() {
+    engine::before_fork();
+    crate::report::before_fork();
+    crate::scope::before_fork();
+}
+
+extern "C" fn parent() {
+    // SAFETY: the parent handler of the fork whose prepare handler took the locks,
+    // on the same thread.
+    unsafe {
+        crate::scope::after_fork(false);
+        crate::report::after_fork(false);
+        engine::after_fork(false);
+    }
+}
+
+extern "C" fn child() {
+    // SAFETY: the child handler of the fork whose prepare handler took the locks, on
+    // the only thread the child has.
+    unsafe {
+        crate::scope::after_fork(true);
+        crate::report::after_fork(true);
+        engine::after_fork(true);
+    }
+}
