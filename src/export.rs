@@ -22,7 +22,7 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 22] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 24] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     [
         (
@@ -39,7 +39,7 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 22] {
         (gauge("memquota_native_bytes", "Native bytes tracked."), "", s.native),
         (gauge("memquota_native_peak_bytes", "The highest native total granted."), "", s.native_peak),
         (
-            gauge("memquota_overcommit_bytes", "Bytes over the limit granted to small requests."),
+            gauge("memquota_overcommit_bytes", "Bytes past the limit now (native plus counted heap)."),
             "",
             s.overcommit,
         ),
@@ -70,8 +70,29 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 22] {
             s.reclaims_throttled,
         ),
         (counter("memquota_oom_total", "Allocations refused."), "", s.ooms),
-        (counter("memquota_overcommit_total", "Small requests granted past the limit."), "", s.overcommits),
-        (gauge("memquota_error_bound_bytes", "Bound on unflushed per-thread deltas."), "", s.error_bound),
+        (
+            counter("memquota_oom_reports_total", "Full OOM reports written (the other refusals were summed up)."),
+            "",
+            s.reports,
+        ),
+        (
+            counter("memquota_overcommit_total", "Grants that left native plus heap past the limit."),
+            "",
+            s.overcommits,
+        ),
+        (
+            gauge(
+                "memquota_error_bound_bytes",
+                "Bound on unflushed per-thread deltas, and on usage past the limit from memory already taken.",
+            ),
+            "",
+            s.error_bound,
+        ),
+        (
+            counter("memquota_heap_probe_panics_total", "Heap probe calls that panicked (caught)."),
+            "",
+            s.heap_probe_panics,
+        ),
         (gauge("memquota_jemalloc_allocated_bytes", "jemalloc stats.allocated."), "", s.jemalloc.allocated),
         (gauge("memquota_jemalloc_active_bytes", "jemalloc stats.active."), "", s.jemalloc.active),
         (gauge("memquota_jemalloc_resident_bytes", "jemalloc stats.resident."), "", s.jemalloc.resident),
