@@ -60,6 +60,8 @@ struct Flood {
     closes: Option<Instant>,
     /// Full reports written in the current window.
     full: u32,
+    /// When the last full report was written.
+    last_full: Option<Instant>,
     mark: Mark,
     quiet: Quiet,
 }
@@ -67,6 +69,7 @@ struct Flood {
 static FLOOD: Mutex<Flood> = Mutex::new(Flood {
     closes: None,
     full: 0,
+    last_full: None,
     mark: Mark { scopes: 0, futile: 0, limit: 0 },
     quiet: Quiet { count: 0, bytes: 0, largest: 0, since: None },
 });
@@ -98,7 +101,8 @@ impl Drop for Turn {
 }
 
 /// Decides whether a refusal of `requested` bytes writes a full report (`Some`) or is
-/// only counted (`None`). `force`: it must be written (the process aborts next).
+/// only counted (`None`; [`last_report`] then gives one line for it). `force`: it
+/// must be written (the process aborts next).
 pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     let now = Instant::now();
     let mut f = lock(&FLOOD);
@@ -113,6 +117,16 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
         q.bytes = q.bytes.saturating_add(requested);
         q.largest = q.largest.max(requested);
         q.since.get_or_insert(now);
+        let ago = f.last_full.map_or(0, |t| now.saturating_duration_since(t).as_millis());
+        drop(f);
+        let mut line = FixedBuf::new();
+        let _ = writeln!(
+            line,
+            "memquota: allocation refused: {} requested (counted within the report window; the last \
+             full report was written {ago} ms earlier)",
+            Size(requested),
+        );
+        *lock(&LAST) = line;
         return None;
     }
     if !open {
@@ -121,6 +135,7 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     }
     f.full += 1;
     f.mark = mark;
+    f.last_full = Some(now);
     WRITING.store(true, Relaxed);
     Some(Turn { quiet: std::mem::take(&mut f.quiet) })
 }
@@ -200,7 +215,8 @@ pub(crate) unsafe fn after_fork(child: bool) {
     }
 }
 
-/// The most recent full OOM report, if any allocation was refused.
+/// The most recent OOM report, if any allocation was refused: the full report, or a
+/// line for a refusal that the report window only counted.
 pub fn last_report() -> Option<String> {
     // Copied out first: the String is allocated with no lock held, so a refusal of
     // that allocation (which takes this lock) cannot deadlock.
