@@ -56,8 +56,8 @@ pub(crate) struct Quiet {
 }
 
 struct Flood {
-    /// When the current window closes (None: no window open).
-    closes: Option<Instant>,
+    /// When the current window opened (None: never).
+    opened: Option<Instant>,
     /// Full reports written in the current window.
     full: u32,
     /// When the last full report was written.
@@ -67,7 +67,7 @@ struct Flood {
 }
 
 static FLOOD: Mutex<Flood> = Mutex::new(Flood {
-    closes: None,
+    opened: None,
     full: 0,
     last_full: None,
     mark: Mark { scopes: 0, futile: 0, limit: 0 },
@@ -107,7 +107,8 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     let now = Instant::now();
     let mut f = lock(&FLOOD);
     let window = Duration::from_millis(WINDOW_MS.load(Relaxed));
-    let open = f.closes.is_some_and(|closes| now < closes);
+    // From when the window opened, so a window changed meanwhile applies at once.
+    let open = f.opened.and_then(|o| o.checked_add(window)).is_some_and(|closes| now < closes);
     let changed = f.mark != mark && f.full < PER_WINDOW;
     // One writer at a time: a refusal while a report is written is counted only.
     let writing = WRITING.load(Relaxed);
@@ -130,7 +131,7 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
         return None;
     }
     if !open {
-        f.closes = now.checked_add(window);
+        f.opened = Some(now);
         f.full = 0;
     }
     f.full += 1;

@@ -245,7 +245,9 @@ fn oom_try_reserve_errs_with_a_report() {
     ] {
         assert!(r.contains(needle), "report lacks {needle:?}:\n{r}");
     }
-    assert_eq!(memquota::last_report().as_deref(), Some(r.as_str()));
+    // The hook got it after the summary of any refusal an earlier window only counted.
+    let last = memquota::last_report().unwrap();
+    assert!(r.ends_with(last.as_str()), "{last}");
 }
 
 fn panicking_callback_is_caught_and_counted() {
@@ -281,7 +283,8 @@ fn futile_reclaims_are_suspended() {
     println!("  {calls} reclaims for 50 refusals");
     assert!((3..=allowance).contains(&calls), "a GC storm: {calls} reclaims for 50 refusals");
     assert!(after.reclaims_throttled - before.reclaims_throttled >= 50 - allowance as u64);
-    assert!(memquota::last_report().unwrap().contains("suspended"));
+    let last = memquota::last_report().unwrap();
+    assert!(last.contains("suspended"), "{last}");
 }
 
 fn small_requests_overcommit_within_a_bound() {

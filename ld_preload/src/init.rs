@@ -74,6 +74,9 @@ extern "C" fn on_load() {
         }
     }
     let settings = read_settings().unwrap_or_else(|e| fail(&e));
+    // SAFETY: registering a plain extern "C" handler (the core registers its own, for
+    // its locks, from `init`).
+    unsafe { libc::pthread_atfork(None, None, Some(crate::tls::after_fork_child)) };
     INTERVAL_NS.store(u64::try_from(settings.interval.as_nanos()).unwrap_or(u64::MAX), Relaxed);
     if settings.report_at_exit {
         REPORT_AT_EXIT.store(true, Relaxed);
