@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// The preload's default `MEMQUOTA_REFUSE_MIN`: smaller requests are never refused
 /// (bounded over-commit instead). See docs/preload.md for the measurement behind it.
-pub(crate) const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
+const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
 
 const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
 const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";
@@ -41,19 +41,27 @@ fn fail(message: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
-/// The preload's defaults where the configuration leaves a setting unsaid.
-pub(crate) fn with_preload_defaults(config: Config) -> Config {
-    if std::env::var_os(memquota_core::REFUSE_MIN_VAR).is_none() && config.refuse_min_setting() == 0 {
-        config.refuse_min(DEFAULT_REFUSE_MIN)
-    } else {
-        config
+/// A settings lookup (the environment, or the agent's options over it) with the
+/// preload's defaults for what it leaves unsaid. The default goes into the lookup,
+/// not onto the `Config` it builds: a `Config` cannot tell an explicit 0 from an
+/// unset value, and `refuse_min=0` must mean 0.
+pub(crate) fn with_preload_defaults(
+    get: impl Fn(&'static str) -> Option<String>,
+) -> impl Fn(&'static str) -> Option<String> {
+    move |var| {
+        get(var).or_else(|| (var == memquota_core::REFUSE_MIN_VAR).then(|| DEFAULT_REFUSE_MIN.to_string()))
     }
+}
+
+/// The environment, as `Config::from_env` reads it.
+pub(crate) fn env_lookup(var: &'static str) -> Option<String> {
+    std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
 }
 
 extern "C" fn on_load() {
     crate::size_class::self_check();
-    let config = Config::from_env().unwrap_or_else(|e| fail(&e.to_string()));
-    let mut config = with_preload_defaults(config);
+    let mut config =
+        Config::from_lookup(with_preload_defaults(env_lookup)).unwrap_or_else(|e| fail(&e.to_string()));
     let metrics = config.take_metrics_addr();
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
     if let Some(addr) = metrics {

@@ -33,9 +33,18 @@ fn classes() -> &'static Path {
 
 /// `java jvm_flags -agentpath:lib=agent -cp classes args`, preloaded, under `timeout`.
 fn java(jvm_flags: &[&str], agent: &str, args: &[&str]) -> Output {
+    java_with_env(&[], jvm_flags, agent, args)
+}
+
+/// [`java`] with `env` set (and no other `MEMQUOTA_*` from ours).
+fn java_with_env(env: &[(&str, &str)], jvm_flags: &[&str], agent: &str, args: &[&str]) -> Output {
     let so = lib();
     let mut cmd = Command::new("timeout");
-    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", so.display())).arg("java").args(jvm_flags);
+    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", so.display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg("java").args(jvm_flags);
     cmd.arg(format!("-agentpath:{}={agent}", so.display())).arg("-cp").arg(classes()).args(args);
     for var in inherited_vars() {
         cmd.env_remove(var);
@@ -138,6 +147,24 @@ fn f_bad_agent_options_stop_the_jvm_with_a_clear_error() {
         let out = java(&[], options, &["-version"]);
         assert!(!out.status.success(), "{options}: {}", said(&out));
         assert!(text(&out.stderr).contains(expected), "{options}: {}", said(&out));
+    }
+}
+
+#[test]
+fn an_explicit_refuse_min_of_zero_means_zero_from_the_option_or_the_environment() {
+    /// Agent options, environment, and the refuse_min the budget must run with.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+    let cases: [Case; 5] = [
+        ("limit=1g", &[], 4 << 20), // the preload's default, when nothing says otherwise
+        ("limit=1g,refuse_min=0", &[], 0),
+        ("limit=1g", &[("MEMQUOTA_REFUSE_MIN", "0")], 0),
+        ("limit=1g,refuse_min=0", &[("MEMQUOTA_REFUSE_MIN", "8m")], 0), // the option wins
+        ("limit=1g,refuse_min=64k", &[], 64 << 10),
+    ];
+    for (agent, env, expected) in cases {
+        let out = java_with_env(env, &["-Xmx256m"], agent, &["JvmWorkload", "stats"]);
+        assert_ok(&out, agent);
+        assert_eq!(stat(&text(&out.stdout), "refuse_min"), expected, "{agent} {env:?}: {}", said(&out));
     }
 }
 

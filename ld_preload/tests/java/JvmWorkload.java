@@ -19,6 +19,7 @@ public class JvmWorkload {
             case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "work": work(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "scopes": scopes(); break;
+            case "stats": System.out.println("stats " + MemQuota.statsJson()); break;
             default: throw new IllegalArgumentException(args[0]);
         }
     }
