@@ -14,7 +14,10 @@ public class JvmWorkload {
 
     public static void main(String[] args) throws Exception {
         switch (args[0]) {
-            case "shrink": shrink(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            case "shrink":
+                shrink(Integer.parseInt(args[1]), Integer.parseInt(args[2]),
+                        args.length > 3 ? Integer.parseInt(args[3]) : 0);
+                break;
             case "refuse": refuse(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "work": work(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
@@ -46,13 +49,25 @@ public class JvmWorkload {
         return keep;
     }
 
-    /** (a) and (d): garbage grows the heap, then direct buffers need its room. */
-    static void shrink(int garbageMib, int directMib) {
+    /**
+     * (a) and (d): garbage grows the heap; then direct buffers need its room. With
+     * `shortMib` > 0 the limit is then set, from the budget's own figures, so that the
+     * buffers fit only once the heap gives back `shortMib` MiB: the precondition holds
+     * by construction, whatever size the JVM chose to grow the heap to.
+     */
+    static void shrink(int garbageMib, int directMib, int shortMib) {
         String before = ratios();
         List<byte[]> garbage = fill(garbageMib);
         long grown = Runtime.getRuntime().totalMemory();
         System.out.println("garbage " + garbage.size() + " arrays, heap committed " + mib(grown) + " MiB");
         garbage = null;
+        if (shortMib > 0) {
+            MemQuota.flush();
+            String s = MemQuota.statsJson();
+            long counted = stat(s, "native_bytes") + stat(s, "heap_committed_bytes");
+            MemQuota.setLimit(counted + ((long) (directMib - shortMib) << 20));
+            System.out.println("budget " + MemQuota.statsJson());
+        }
         List<ByteBuffer> direct = new ArrayList<>();
         for (int i = 0; i < directMib / 8; i++) {
             direct.add(ByteBuffer.allocateDirect(8 << 20));
@@ -63,6 +78,17 @@ public class JvmWorkload {
         System.out.println("memquota gcs " + MemQuota.gcCount());
         System.out.println("ratios before " + before + " after " + ratios());
         System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    /** A number in the stats JSON. */
+    static long stat(String json, String field) {
+        String key = "\"" + field + "\":";
+        int at = json.indexOf(key) + key.length();
+        int end = at;
+        while (end < json.length() && Character.isDigit(json.charAt(end))) {
+            end++;
+        }
+        return Long.parseLong(json.substring(at, end));
     }
 
     /** (b): the live heap leaves no room; the refusal is an OutOfMemoryError. */
