@@ -1,6 +1,8 @@
 //! Load time: configuration from the environment (read once, loud on error), the
-//! fork handler, the stats file and the exit report.
+//! fork handler, the stats file and the exit report (`exit_report.rs` decides which
+//! process prints it).
 
+use crate::exit_report::{self, Report};
 use crate::tls::FACE;
 use memquota_core::{face, Config, Stats};
 use std::io::Write;
@@ -14,7 +16,6 @@ const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
 
 const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
 const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";
-const REPORT: &str = "MEMQUOTA_REPORT";
 
 #[used]
 #[link_section = ".init_array"]
@@ -23,7 +24,7 @@ static ON_LOAD: extern "C" fn() = on_load;
 struct Settings {
     stats_file: Option<String>,
     interval: Duration,
-    report_at_exit: bool,
+    report: Report,
 }
 
 /// The stats file's path: from `MEMQUOTA_STATS_FILE`, replaced by the agent's
@@ -31,7 +32,6 @@ struct Settings {
 static STATS_PATH: Mutex<Option<String>> = Mutex::new(None);
 /// Nanoseconds between two writes of the stats file.
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
-static REPORT_AT_EXIT: AtomicBool = AtomicBool::new(false);
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
@@ -86,8 +86,7 @@ extern "C" fn on_load() {
         libc::pthread_atfork(None, None, Some(after_fork_child));
     }
     INTERVAL_NS.store(u64::try_from(settings.interval.as_nanos()).unwrap_or(u64::MAX), Relaxed);
-    if settings.report_at_exit {
-        REPORT_AT_EXIT.store(true, Relaxed);
+    if exit_report::arm(settings.report) {
         register_at_exit();
     }
     if let Some(path) = settings.stats_file {
@@ -153,12 +152,8 @@ fn read_settings() -> Result<Settings, String> {
             format!("memquota: bad {STATS_INTERVAL}={v:?}: expected a duration (500ms, 2s, or bare milliseconds) of at least 10ms")
         })?,
     };
-    let report_at_exit = match std::env::var(REPORT).as_deref() {
-        Err(_) | Ok("") | Ok("none") => false,
-        Ok("exit") => true,
-        Ok(v) => return Err(format!("memquota: bad {REPORT}={v:?}: expected exit or none")),
-    };
-    Ok(Settings { stats_file, interval, report_at_exit })
+    let report = exit_report::read_setting()?;
+    Ok(Settings { stats_file, interval, report })
 }
 
 fn parse_interval(v: &str) -> Option<Duration> {
@@ -184,9 +179,7 @@ fn write_stats_file() {
 extern "C" fn at_exit() {
     face::flush_thread(&FACE);
     write_stats_file();
-    if REPORT_AT_EXIT.load(Relaxed) {
-        memquota_core::write_stderr(&summary(&memquota_core::stats()));
-    }
+    exit_report::write_at_exit(|| summary(&memquota_core::stats()));
 }
 
 fn mib(b: u64) -> String {
@@ -220,4 +213,5 @@ extern "C" fn after_fork_child() {
     // SAFETY: a pthread_atfork child handler runs in the child before it can start
     // any thread.
     unsafe { face::after_fork_child(&FACE) };
+    exit_report::after_fork_child();
 }
