@@ -12,7 +12,10 @@
 //! A reclaim is Gluten's dynamic sizing without its faults: lower MinHeapFreeRatio
 //! and MaxHeapFreeRatio so the heap may shrink, `System.gc()`, again while the heap
 //! keeps shrinking and the request is not met (at most [`MAX_GCS`] times), then
-//! restore **both** flags to the values read just before.
+//! restore **both** flags to the values read just before, on every way out of the
+//! round (a failed heap read or GC included). A restore the JVM refuses is retried at
+//! each wake-up of the driver, and the next round restores those values, never the
+//! lowered ones it would read.
 //!
 //! Used by the preload's JVMTI agent and by a Rust library loaded into a JVM (call
 //! [`install`] from `JNI_OnLoad`).
@@ -128,6 +131,7 @@ fn drive(vm: JavaVM) {
             return;
         }
     };
+    let mut owed = None;
     loop {
         let round = {
             let mut r = REQUESTS.lock();
@@ -137,8 +141,11 @@ fn drive(vm: JavaVM) {
             (r.asked > r.done).then(|| (r.asked, std::mem::take(&mut r.need)))
         };
         GC_SEEN.store(false, Relaxed);
+        // A JVM left with our lowered ratios would shrink and regrow its heap on
+        // every GC: try again at every wake-up until the user's values are back.
+        restore_owed(&mut env, &mut owed);
         if let Some((ticket, need)) = round {
-            shrink(&mut env, need);
+            shrink(&mut env, need, &mut owed);
             let mut r = REQUESTS.lock();
             r.done = ticket;
             DONE.notify_all();
@@ -149,30 +156,130 @@ fn drive(vm: JavaVM) {
     }
 }
 
+/// What a reclaim round needs of the JVM. The driver's is the JVM itself; the unit
+/// tests' is a model whose calls fail on demand, to pin that the free ratios come
+/// back on every path out of a round.
+trait Vm {
+    /// Reads the heap and pushes the figures to the budget; `None` if the JVM cannot
+    /// say now.
+    fn heap(&mut self) -> Option<HeapBytes>;
+    /// A HotSpot flag's value.
+    fn flag(&mut self, name: &str) -> Option<String>;
+    /// Sets a manageable HotSpot flag; `false` if the JVM refused.
+    fn set_flag(&mut self, name: &str, value: &str) -> bool;
+    /// `System.gc()`, counted in [`gcs`]; `false` if it threw.
+    fn gc(&mut self) -> bool;
+}
+
+impl Vm for JNIEnv<'_> {
+    fn heap(&mut self) -> Option<HeapBytes> {
+        let heap = read_heap(self).ok()?;
+        set_heap_bytes(heap);
+        Some(heap)
+    }
+
+    fn flag(&mut self, name: &str) -> Option<String> {
+        vm_option(self, name)
+    }
+
+    fn set_flag(&mut self, name: &str, value: &str) -> bool {
+        set_vm_option(self, name, value)
+    }
+
+    fn gc(&mut self) -> bool {
+        let done = self.call_static_method("java/lang/System", "gc", "()V", &[]).is_ok();
+        if done {
+            GCS.fetch_add(1, Relaxed);
+        }
+        done
+    }
+}
+
+/// MinHeapFreeRatio and MaxHeapFreeRatio as the user set them.
+#[derive(Clone, Debug, PartialEq)]
+struct Ratios {
+    min: String,
+    max: String,
+}
+
+impl Ratios {
+    /// Sets both flags back to these values, Max first: the user's Max is at least
+    /// their Min and at least the lowered Min, so each step keeps Min <= Max, from
+    /// whatever state a round left. Stops at the first refusal (the second set could
+    /// only break the order).
+    fn restore(&self, vm: &mut impl Vm) -> bool {
+        vm.set_flag(MAX_RATIO, &self.max) && vm.set_flag(MIN_RATIO, &self.min)
+    }
+}
+
+/// The free ratios lowered for one round, put back when it is dropped: on every way
+/// out of the round, an early return or a panic included.
+struct Lowered<'a, V: Vm> {
+    vm: &'a mut V,
+    /// `None`: the flags were not touched (their values could not be read, so they
+    /// could not have been put back).
+    saved: Option<Ratios>,
+    /// Where a restore that failed leaves the values it owes.
+    owed: &'a mut Option<Ratios>,
+}
+
+impl<'a, V: Vm> Lowered<'a, V> {
+    /// Lowers both ratios to [`SHRINK_RATIO`], Min first (Max may never be set below
+    /// Min). The values to restore are those a failed restore still owes, if any:
+    /// read now, they would be our own lowered ones (Gluten #13093).
+    fn lower(vm: &'a mut V, owed: &'a mut Option<Ratios>) -> Self {
+        let saved =
+            owed.take().or_else(|| Some(Ratios { min: vm.flag(MIN_RATIO)?, max: vm.flag(MAX_RATIO)? }));
+        let lowered = Lowered { vm, saved, owed };
+        // Through the guard: if the second set is refused, the first is still undone.
+        if lowered.saved.is_some() && lowered.vm.set_flag(MIN_RATIO, SHRINK_RATIO) {
+            lowered.vm.set_flag(MAX_RATIO, SHRINK_RATIO);
+        }
+        lowered
+    }
+}
+
+impl<V: Vm> Drop for Lowered<'_, V> {
+    fn drop(&mut self) {
+        if let Some(saved) = self.saved.take() {
+            if !saved.restore(self.vm) {
+                *self.owed = Some(saved);
+            }
+        }
+    }
+}
+
+/// Retries a restore a round could not finish.
+fn restore_owed(vm: &mut impl Vm, owed: &mut Option<Ratios>) {
+    if let Some(ratios) = owed.take() {
+        if !ratios.restore(vm) {
+            *owed = Some(ratios);
+        }
+    }
+}
+
 /// One reclaim round: free ratios down, GCs while the heap shrinks, ratios back.
-fn shrink(env: &mut JNIEnv, need: u64) {
-    let saved = (vm_option(env, MIN_RATIO), vm_option(env, MAX_RATIO));
-    // Min first on the way down and last on the way up: Max may never be set below
-    // Min.
-    set_vm_option(env, MIN_RATIO, SHRINK_RATIO);
-    set_vm_option(env, MAX_RATIO, SHRINK_RATIO);
-    let Ok(start) = read_heap(env) else { return };
+/// Ratios that cannot be read are left alone, and the GCs run anyway: they still free
+/// what they can.
+fn shrink(vm: &mut impl Vm, need: u64, owed: &mut Option<Ratios>) {
+    let lowered = Lowered::lower(vm, owed);
+    collect(&mut *lowered.vm, need);
+}
+
+/// `System.gc()` while the heap keeps shrinking and `need` is not met, at most
+/// [`MAX_GCS`] times.
+fn collect(vm: &mut impl Vm, need: u64) {
+    let Some(start) = vm.heap() else { return };
     let mut last = start.committed;
     for _ in 0..MAX_GCS {
-        if env.call_static_method("java/lang/System", "gc", "()V", &[]).is_err() {
-            break;
+        if !vm.gc() {
+            return;
         }
-        GCS.fetch_add(1, Relaxed);
-        let Ok(heap) = read_heap(env) else { break };
-        set_heap_bytes(heap);
+        let Some(heap) = vm.heap() else { return };
         if start.committed.saturating_sub(heap.committed) >= need || heap.committed >= last {
-            break;
+            return;
         }
         last = heap.committed;
-    }
-    if let (Some(min), Some(max)) = saved {
-        set_vm_option(env, MAX_RATIO, &max);
-        set_vm_option(env, MIN_RATIO, &min);
     }
 }
 
@@ -229,8 +336,8 @@ fn vm_option(env: &mut JNIEnv, name: &str) -> Option<String> {
     value.ok()
 }
 
-/// Sets a manageable HotSpot flag; warns if the JVM refuses.
-fn set_vm_option(env: &mut JNIEnv, name: &str, value: &str) {
+/// Sets a manageable HotSpot flag; warns and returns `false` if the JVM refuses.
+fn set_vm_option(env: &mut JNIEnv, name: &str, value: &str) -> bool {
     let done = env.with_local_frame(8, |env| -> jni::errors::Result<()> {
         let bean = diagnostic_bean(env)?;
         let (jname, jvalue) = (env.new_string(name)?, env.new_string(value)?);
@@ -242,10 +349,11 @@ fn set_vm_option(env: &mut JNIEnv, name: &str, value: &str) {
         )?;
         Ok(())
     });
-    if let Err(e) = done {
+    if let Err(e) = &done {
         let _ = env.exception_clear();
         write_stderr(&format!("memquota: warning: cannot set -XX:{name}={value}: {e}\n"));
     }
+    done.is_ok()
 }
 
 fn diagnostic_bean<'l>(env: &mut JNIEnv<'l>) -> jni::errors::Result<JObject<'l>> {
@@ -257,4 +365,209 @@ fn diagnostic_bean<'l>(env: &mut JNIEnv<'l>) -> jni::errors::Result<JObject<'l>>
         &[JValue::Object(&class)],
     )?
     .l()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A JVM as a reclaim round sees it: two flags with HotSpot's constraint
+    /// (Min <= Max, else `setVMOption` throws), a heap that each GC shrinks, and calls
+    /// that fail on demand.
+    struct Model {
+        min: u32,
+        max: u32,
+        committed: u64,
+        /// Each GC gives back this much of the heap.
+        gc_frees: u64,
+        /// Heap reads that succeed before every later one fails (`None`: all succeed).
+        heap_reads_ok: Option<u32>,
+        flag_reads_fail: bool,
+        sets_fail: bool,
+        gc_panics: bool,
+        gcs: u32,
+        sets: Vec<(&'static str, u32)>,
+    }
+
+    impl Model {
+        /// `-XX:MinHeapFreeRatio=20 -XX:MaxHeapFreeRatio=60`, 600 MiB committed.
+        fn new() -> Self {
+            Model {
+                min: 20,
+                max: 60,
+                committed: 600 * MIB,
+                gc_frees: 100 * MIB,
+                heap_reads_ok: None,
+                flag_reads_fail: false,
+                sets_fail: false,
+                gc_panics: false,
+                gcs: 0,
+                sets: Vec::new(),
+            }
+        }
+
+        fn ratios(&self) -> (u32, u32) {
+            (self.min, self.max)
+        }
+    }
+
+    impl Vm for Model {
+        fn heap(&mut self) -> Option<HeapBytes> {
+            match &mut self.heap_reads_ok {
+                Some(0) => return None,
+                Some(n) => *n -= 1,
+                None => {}
+            }
+            Some(HeapBytes { committed: self.committed, used: self.committed / 2 })
+        }
+
+        fn flag(&mut self, name: &str) -> Option<String> {
+            if self.flag_reads_fail {
+                return None;
+            }
+            Some(if name == MIN_RATIO { self.min } else { self.max }.to_string())
+        }
+
+        fn set_flag(&mut self, name: &str, value: &str) -> bool {
+            let value: u32 = value.parse().unwrap();
+            let (min, max) = if name == MIN_RATIO { (value, self.max) } else { (self.min, value) };
+            if self.sets_fail || min > max {
+                return false;
+            }
+            (self.min, self.max) = (min, max);
+            self.sets.push((if name == MIN_RATIO { MIN_RATIO } else { MAX_RATIO }, value));
+            true
+        }
+
+        fn gc(&mut self) -> bool {
+            assert!(!self.gc_panics, "a GC that panics");
+            self.gcs += 1;
+            self.committed = self.committed.saturating_sub(self.gc_frees);
+            true
+        }
+    }
+
+    /// What the model's flags were set to, in order.
+    fn lowered_then_restored() -> Vec<(&'static str, u32)> {
+        vec![(MIN_RATIO, 5), (MAX_RATIO, 5), (MAX_RATIO, 60), (MIN_RATIO, 20)]
+    }
+
+    #[test]
+    fn a_round_lowers_both_ratios_collects_until_the_need_is_met_and_restores_both() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        shrink(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!(vm.gcs, 3, "100 MiB a GC: the third meets 250 MiB");
+        assert_eq!(vm.sets, lowered_then_restored());
+        assert_eq!(vm.ratios(), (20, 60));
+        assert_eq!(owed, None);
+    }
+
+    #[test]
+    fn a_heap_read_that_fails_before_any_gc_still_restores_both_ratios() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.heap_reads_ok = Some(0);
+        shrink(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!(vm.gcs, 0);
+        assert_eq!(vm.ratios(), (20, 60), "the flags must read back as the user's");
+        assert_eq!(vm.sets, lowered_then_restored());
+        // The next round saves the user's values, not ours.
+        vm.heap_reads_ok = None;
+        vm.sets.clear();
+        shrink(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!(vm.sets, lowered_then_restored());
+        assert_eq!(vm.ratios(), (20, 60));
+    }
+
+    #[test]
+    fn a_heap_read_that_fails_after_a_gc_still_restores_both_ratios() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.heap_reads_ok = Some(1);
+        shrink(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!(vm.gcs, 1, "the read after the first GC failed: no second GC");
+        assert_eq!(vm.ratios(), (20, 60));
+        assert_eq!(vm.sets, lowered_then_restored());
+    }
+
+    #[test]
+    fn ratios_that_cannot_be_read_are_never_touched_but_the_gcs_still_run() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.flag_reads_fail = true;
+        shrink(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!(vm.sets, [], "a flag that could not be saved must not be lowered");
+        assert_eq!(vm.ratios(), (20, 60));
+        assert_eq!(vm.gcs, 3);
+    }
+
+    #[test]
+    fn a_refused_restore_is_owed_retried_and_never_saved_as_the_users_values() {
+        let mut owed = None;
+        // The two sets that lower pass; the restore is refused (on a full heap,
+        // `setVMOption`'s string arguments cannot even be made).
+        let mut refusing = RefuseAfter { vm: Model::new(), sets_left: 2 };
+        shrink(&mut refusing, 250 * MIB, &mut owed);
+        assert_eq!(refusing.vm.ratios(), (5, 5), "the model refused the restore");
+        assert_eq!(owed, Some(Ratios { min: "20".into(), max: "60".into() }));
+        // The next round, with the JVM still refusing, saves what it owes, not 5/5.
+        refusing.vm.sets.clear();
+        shrink(&mut refusing, 250 * MIB, &mut owed);
+        assert_eq!(owed, Some(Ratios { min: "20".into(), max: "60".into() }));
+        // Once the JVM takes sets again, the driver's retry puts the user's values back.
+        refusing.sets_left = u32::MAX;
+        restore_owed(&mut refusing, &mut owed);
+        assert_eq!(refusing.vm.ratios(), (20, 60));
+        assert_eq!(owed, None);
+        // And a round after that saves 20/60 again.
+        refusing.vm.sets.clear();
+        shrink(&mut refusing, 250 * MIB, &mut owed);
+        assert_eq!(refusing.vm.sets, lowered_then_restored());
+    }
+
+    #[test]
+    fn the_round_after_a_refused_restore_puts_the_users_values_back() {
+        let mut owed = None;
+        let mut refusing = RefuseAfter { vm: Model::new(), sets_left: 2 };
+        shrink(&mut refusing, 250 * MIB, &mut owed);
+        assert_eq!(refusing.vm.ratios(), (5, 5));
+        refusing.sets_left = u32::MAX;
+        refusing.vm.sets.clear();
+        shrink(&mut refusing, 250 * MIB, &mut owed);
+        assert_eq!(refusing.vm.ratios(), (20, 60), "restored to the owed values, not to the 5/5 it found");
+        assert_eq!(owed, None);
+    }
+
+    /// A model whose `set_flag` succeeds `sets_left` times, then fails.
+    struct RefuseAfter {
+        vm: Model,
+        sets_left: u32,
+    }
+
+    impl Vm for RefuseAfter {
+        fn heap(&mut self) -> Option<HeapBytes> {
+            self.vm.heap()
+        }
+        fn flag(&mut self, name: &str) -> Option<String> {
+            self.vm.flag(name)
+        }
+        fn set_flag(&mut self, name: &str, value: &str) -> bool {
+            self.vm.sets_fail = self.sets_left == 0;
+            self.sets_left = self.sets_left.saturating_sub(1);
+            self.vm.set_flag(name, value)
+        }
+        fn gc(&mut self) -> bool {
+            self.vm.gc()
+        }
+    }
+
+    #[test]
+    fn a_round_that_panics_still_restores_both_ratios() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.gc_panics = true;
+        let unwound =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| shrink(&mut vm, 250 * MIB, &mut owed)));
+        assert!(unwound.is_err());
+        assert_eq!(vm.ratios(), (20, 60));
+        assert_eq!(vm.sets, lowered_then_restored());
+    }
 }

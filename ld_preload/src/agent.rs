@@ -134,16 +134,15 @@ fn configure(options: &str) -> Result<(), String> {
             .rev()
             .find(|(v, _)| *v == var)
             .map(|(_, value)| value.clone())
-            .or_else(|| std::env::var(var).ok())
+            .or_else(|| init::env_lookup(var))
     };
-    let mut config = Config::from_lookup(lookup).map_err(|e| match e {
+    let mut config = Config::from_lookup(init::with_preload_defaults(lookup)).map_err(|e| match e {
         Error::BadEnv { var, value, accepted } => {
             let option = OPTIONS.iter().find(|(_, v)| *v == var).map_or(var, |(k, _)| k);
             format!("memquota agent: bad option {option}={value:?}: expected {accepted}")
         }
         other => other.to_string(),
     })?;
-    config = init::with_preload_defaults(config);
     config.take_metrics_addr(); // the preload's constructor started it, if asked
     memquota_core::init(config).map_err(|e| e.to_string())?;
     memquota_core::set_enforcement(Enforcement::Gates);

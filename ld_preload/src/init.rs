@@ -1,6 +1,8 @@
 //! Load time: configuration from the environment (read once, loud on error), the
-//! fork handler, the stats file and the exit report.
+//! fork handler, the stats file and the exit report (`exit_report.rs` decides which
+//! process prints it).
 
+use crate::exit_report::{self, Report};
 use crate::tls::FACE;
 use memquota_core::{face, Config, Stats};
 use std::io::Write;
@@ -10,11 +12,10 @@ use std::time::Duration;
 
 /// The preload's default `MEMQUOTA_REFUSE_MIN`: smaller requests are never refused
 /// (bounded over-commit instead). See docs/preload.md for the measurement behind it.
-pub(crate) const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
+const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
 
 const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
 const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";
-const REPORT: &str = "MEMQUOTA_REPORT";
 
 #[used]
 #[link_section = ".init_array"]
@@ -23,7 +24,7 @@ static ON_LOAD: extern "C" fn() = on_load;
 struct Settings {
     stats_file: Option<String>,
     interval: Duration,
-    report_at_exit: bool,
+    report: Report,
 }
 
 /// The stats file's path: from `MEMQUOTA_STATS_FILE`, replaced by the agent's
@@ -31,7 +32,6 @@ struct Settings {
 static STATS_PATH: Mutex<Option<String>> = Mutex::new(None);
 /// Nanoseconds between two writes of the stats file.
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
-static REPORT_AT_EXIT: AtomicBool = AtomicBool::new(false);
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
@@ -41,19 +41,27 @@ fn fail(message: &str) -> ! {
     unsafe { libc::_exit(2) }
 }
 
-/// The preload's defaults where the configuration leaves a setting unsaid.
-pub(crate) fn with_preload_defaults(config: Config) -> Config {
-    if std::env::var_os(memquota_core::REFUSE_MIN_VAR).is_none() && config.refuse_min_setting() == 0 {
-        config.refuse_min(DEFAULT_REFUSE_MIN)
-    } else {
-        config
+/// A settings lookup (the environment, or the agent's options over it) with the
+/// preload's defaults for what it leaves unsaid. The default goes into the lookup,
+/// not onto the `Config` it builds: a `Config` cannot tell an explicit 0 from an
+/// unset value, and `refuse_min=0` must mean 0.
+pub(crate) fn with_preload_defaults(
+    get: impl Fn(&'static str) -> Option<String>,
+) -> impl Fn(&'static str) -> Option<String> {
+    move |var| {
+        get(var).or_else(|| (var == memquota_core::REFUSE_MIN_VAR).then(|| DEFAULT_REFUSE_MIN.to_string()))
     }
+}
+
+/// The environment, as `Config::from_env` reads it.
+pub(crate) fn env_lookup(var: &'static str) -> Option<String> {
+    std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
 }
 
 extern "C" fn on_load() {
     crate::size_class::self_check();
-    let config = Config::from_env().unwrap_or_else(|e| fail(&e.to_string()));
-    let mut config = with_preload_defaults(config);
+    let mut config =
+        Config::from_lookup(with_preload_defaults(env_lookup)).unwrap_or_else(|e| fail(&e.to_string()));
     let metrics = config.take_metrics_addr();
     face::adopt(&FACE);
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
@@ -76,10 +84,9 @@ extern "C" fn on_load() {
     let settings = read_settings().unwrap_or_else(|e| fail(&e));
     // SAFETY: registering a plain extern "C" handler (the core registers its own, for
     // its locks, from `init`).
-    unsafe { libc::pthread_atfork(None, None, Some(crate::tls::after_fork_child)) };
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
     INTERVAL_NS.store(u64::try_from(settings.interval.as_nanos()).unwrap_or(u64::MAX), Relaxed);
-    if settings.report_at_exit {
-        REPORT_AT_EXIT.store(true, Relaxed);
+    if exit_report::arm(settings.report) {
         register_at_exit();
     }
     if let Some(path) = settings.stats_file {
@@ -145,12 +152,8 @@ fn read_settings() -> Result<Settings, String> {
             format!("memquota: bad {STATS_INTERVAL}={v:?}: expected a duration (500ms, 2s, or bare milliseconds) of at least 10ms")
         })?,
     };
-    let report_at_exit = match std::env::var(REPORT).as_deref() {
-        Err(_) | Ok("") | Ok("none") => false,
-        Ok("exit") => true,
-        Ok(v) => return Err(format!("memquota: bad {REPORT}={v:?}: expected exit or none")),
-    };
-    Ok(Settings { stats_file, interval, report_at_exit })
+    let report = exit_report::read_setting()?;
+    Ok(Settings { stats_file, interval, report })
 }
 
 fn parse_interval(v: &str) -> Option<Duration> {
@@ -175,10 +178,10 @@ fn write_stats_file() {
 
 extern "C" fn at_exit() {
     face::flush_thread(&FACE);
+    // Refusals a report window only counted are summed up before the program ends.
+    face::flush_quiet();
     write_stats_file();
-    if REPORT_AT_EXIT.load(Relaxed) {
-        memquota_core::write_stderr(&summary(&memquota_core::stats()));
-    }
+    exit_report::write_at_exit(|| summary(&memquota_core::stats()));
 }
 
 fn mib(b: u64) -> String {
@@ -191,7 +194,7 @@ fn mib(b: u64) -> String {
 
 fn summary(s: &Stats) -> String {
     format!(
-        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  reclaims       {} sync, {} background, freed {}\n  refusals       {}\n  over-commit    {} grants past the limit\n  process RSS    {} ({} untracked)\n",
+        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  reclaims       {} sync, {} background, freed {}\n  refusals       {} ({} full reports)\n  over-commit    {} grants past the limit\n  process RSS    {} ({} untracked)\n",
         std::process::id(),
         mib(s.limit),
         mib(s.native),
@@ -202,8 +205,16 @@ fn summary(s: &Stats) -> String {
         s.reclaims_background,
         mib(s.reclaimed_bytes),
         s.ooms,
+        s.reports,
         s.overcommits,
         mib(s.process_rss),
         mib(s.untracked()),
     )
+}
+
+/// The preload's own fork child handler (the core registers its own for its locks).
+/// Allocates nothing: jemalloc's handlers may still hold its locks around ours.
+extern "C" fn after_fork_child() {
+    crate::tls::after_fork_child();
+    exit_report::after_fork_child();
 }

@@ -15,6 +15,7 @@
 pub mod agent;
 pub mod capi;
 pub mod cxx;
+mod exit_report;
 mod init;
 mod internal;
 pub mod java_api;

@@ -147,7 +147,7 @@ fn create_key() -> Option<u32> {
 /// A `fork` child handler: a key that a thread which did not survive the fork was
 /// creating is never finished there, and the child would spin on it forever. Forget
 /// it: the child creates its own.
-pub(crate) extern "C" fn after_fork_child() {
+pub(crate) fn after_fork_child() {
     let _ = KEY.compare_exchange(1, 0, AcqRel, Acquire);
 }
 

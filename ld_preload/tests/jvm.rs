@@ -33,9 +33,18 @@ fn classes() -> &'static Path {
 
 /// `java jvm_flags -agentpath:lib=agent -cp classes args`, preloaded, under `timeout`.
 fn java(jvm_flags: &[&str], agent: &str, args: &[&str]) -> Output {
+    java_with_env(&[], jvm_flags, agent, args)
+}
+
+/// [`java`] with `env` set (and no other `MEMQUOTA_*` from ours).
+fn java_with_env(env: &[(&str, &str)], jvm_flags: &[&str], agent: &str, args: &[&str]) -> Output {
     let so = lib();
     let mut cmd = Command::new("timeout");
-    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", so.display())).arg("java").args(jvm_flags);
+    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", so.display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    cmd.arg("java").args(jvm_flags);
     cmd.arg(format!("-agentpath:{}={agent}", so.display())).arg("-cp").arg(classes()).args(args);
     for var in inherited_vars() {
         cmd.env_remove(var);
@@ -51,23 +60,50 @@ fn number_after(text: &str, key: &str) -> u64 {
 
 /// A field of the `stats {...}` JSON line the workloads print.
 fn stat(text: &str, field: &str) -> u64 {
-    let json = &text[text.find("stats {").unwrap_or_else(|| panic!("no stats in:\n{text}"))..];
+    stat_of(text, "stats", field)
+}
+
+/// A field of the `label {...}` JSON line the workloads print.
+fn stat_of(text: &str, label: &str, field: &str) -> u64 {
+    let start = format!("{label} {{");
+    let json = &text[text.find(&start).unwrap_or_else(|| panic!("no {start} in:\n{text}"))..];
     number_after(json, &format!("\"{field}\":"))
 }
 
 #[test]
 fn a_gc_shrinks_the_heap_to_make_room_for_direct_buffers_and_d_restores_both_flags() {
-    // 450 MiB of garbage commits ~650 MiB of heap; 200 MiB of direct buffers then fit
-    // the 600 MiB budget only once a GC gives heap back.
-    let flags = ["-Xms64m", "-Xmx1g", "-XX:MinHeapFreeRatio=20", "-XX:MaxHeapFreeRatio=60"];
-    let out = java(&flags, "limit=600m", &["JvmWorkload", "shrink", "450", "200"]);
+    const MIB: u64 = 1 << 20;
+    const DIRECT: u64 = 200;
+    const SHORT: u64 = 100;
+    // 450 MiB of garbage grows the heap under a budget it cannot reach (so no reclaim
+    // runs yet); then the workload sets the limit, from the budget's own figures, so
+    // that 200 MiB of direct buffers fit only once the heap gives back 100 MiB. G1
+    // with no concurrent cycle: a Remark would shrink the heap on its own, and then
+    // the room would not be the GC we ran.
+    let flags = [
+        "-XX:+UseG1GC",
+        "-XX:-G1UseAdaptiveIHOP",
+        "-XX:InitiatingHeapOccupancyPercent=100",
+        "-Xms64m",
+        "-Xmx1g",
+        "-XX:MinHeapFreeRatio=20",
+        "-XX:MaxHeapFreeRatio=60",
+    ];
+    let args = ["JvmWorkload", "shrink", "450", &DIRECT.to_string(), &SHORT.to_string()];
+    let out = java(&flags, "limit=2g", &args);
     assert_ok(&out, "shrink");
     let stdout = text(&out.stdout);
-    assert!(stdout.contains("direct 200 MiB ok"), "{}", said(&out));
+    // The precondition, on the figures the gate judges by: the buffers do not fit.
+    let (limit, native, heap) = (
+        stat_of(&stdout, "budget", "limit_bytes"),
+        stat_of(&stdout, "budget", "native_bytes"),
+        stat_of(&stdout, "budget", "heap_committed_bytes"),
+    );
+    assert!(native + heap + DIRECT * MIB > limit, "the buffers must not fit at first: {}", said(&out));
+    assert!(stdout.contains(&format!("direct {DIRECT} MiB ok")), "{}", said(&out));
     let grown = number_after(&stdout, "heap committed grown ");
     let after = number_after(&stdout, ", after ");
-    assert!(grown > 600, "the garbage must outgrow the budget first: {}", said(&out));
-    assert!(after < grown - 200, "the heap must have shrunk by the buffers' room: {}", said(&out));
+    assert!(after + SHORT <= grown, "the heap must have given back the buffers' room: {}", said(&out));
     assert!(number_after(&stdout, "memquota gcs ") >= 1, "{}", said(&out));
     assert!(stat(&stdout, "reclaims_total_sync") + stat(&stdout, "reclaims_total_background") >= 1);
     assert_eq!(stat(&stdout, "oom_total"), 0, "{}", said(&out));
@@ -139,6 +175,67 @@ fn f_bad_agent_options_stop_the_jvm_with_a_clear_error() {
         assert!(!out.status.success(), "{options}: {}", said(&out));
         assert!(text(&out.stderr).contains(expected), "{options}: {}", said(&out));
     }
+}
+
+#[test]
+fn an_explicit_refuse_min_of_zero_means_zero_from_the_option_or_the_environment() {
+    /// Agent options, environment, and the refuse_min the budget must run with.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+    let cases: [Case; 5] = [
+        ("limit=1g", &[], 4 << 20), // the preload's default, when nothing says otherwise
+        ("limit=1g,refuse_min=0", &[], 0),
+        ("limit=1g", &[("MEMQUOTA_REFUSE_MIN", "0")], 0),
+        ("limit=1g,refuse_min=0", &[("MEMQUOTA_REFUSE_MIN", "8m")], 0), // the option wins
+        ("limit=1g,refuse_min=64k", &[], 64 << 10),
+    ];
+    for (agent, env, expected) in cases {
+        let out = java_with_env(env, &["-Xmx256m"], agent, &["JvmWorkload", "stats"]);
+        assert_ok(&out, agent);
+        assert_eq!(stat(&text(&out.stdout), "refuse_min"), expected, "{agent} {env:?}: {}", said(&out));
+    }
+}
+
+/// Issue 10, the gate overshoot. **Fails until the gate reserves what it admits**:
+/// today `Unsafe.allocateMemory`'s gate (`ld_preload/src/jvm_gate.rs`, through
+/// `make_room` in `src/engine.rs`) checks that a request fits and reserves nothing,
+/// so threads that pass the check before any of them has malloc'ed all get in. Each
+/// round, 8 threads released by a barrier ask for 96 MiB each under a limit that, once
+/// a GC has shrunk the heap, has room for about three; the workload keeps safepoints
+/// coming (thread dumps), which hold a thread that passed the check at its entry
+/// into the VM, before its malloc is counted. Measured before the fix, 20 rounds at a
+/// time: no round over the bound without the safepoints (0 of 60), and 15-30% of
+/// rounds over it with them, by up to all 8 requests.
+#[test]
+fn g_threads_released_together_at_the_gate_pass_the_limit_by_at_most_one_request() {
+    const MIB: u64 = 1 << 20;
+    const THREADS: u64 = 8;
+    const REQUEST: u64 = 96;
+    const ROUNDS: usize = 30;
+    let args =
+        ["JvmWorkload", "burst", &THREADS.to_string(), &REQUEST.to_string(), "200", &ROUNDS.to_string()];
+    let out = java(&["-XX:+UseG1GC", "-Xms64m", "-Xmx512m"], "limit=4g,soft=1", &args);
+    assert_ok(&out, "burst");
+    let stdout = text(&out.stdout);
+    let rounds: Vec<&str> = stdout.lines().filter(|l| l.starts_with("round ")).collect();
+    assert_eq!(rounds.len(), ROUNDS, "{}", said(&out));
+    let over: Vec<String> = rounds
+        .iter()
+        .filter_map(|line| {
+            let (limit, native) = (number_after(line, " limit "), number_after(line, " native "));
+            let bound = limit + number_after(line, " error_bound ") + REQUEST * MIB;
+            (native > bound).then(|| {
+                let past = (native - limit) / MIB;
+                format!("{line}: {past} MiB past the limit")
+            })
+        })
+        .collect();
+    assert!(
+        over.is_empty(),
+        "native (every granted request still held) must stay within the limit + error bound + one \
+         {REQUEST} MiB request; {} of {ROUNDS} rounds did not:\n{}",
+        over.len(),
+        over.join("\n")
+    );
 }
 
 #[test]

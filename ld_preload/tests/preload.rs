@@ -257,6 +257,68 @@ fn stats_file_and_exit_report() {
     let _ = std::fs::remove_file(file);
 }
 
+/// The pids of the exit summaries in `stderr`, in order.
+fn summaries(stderr: &str) -> Vec<u32> {
+    stderr
+        .split("memquota summary (pid ")
+        .skip(1)
+        .map(|rest| rest.split(')').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// The number after `key ` on a line of `stdout`.
+fn pid_after(stdout: &str, key: &str) -> u32 {
+    let line = stdout.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("{key}: {stdout}"));
+    line.trim().parse().unwrap()
+}
+
+#[test]
+fn the_exit_summary_survives_programs_that_close_stderr_at_exit() {
+    // Both close stdout and stderr in an atexit handler that runs before ours.
+    for program in ["ls", "/bin/echo"] {
+        let out = preloaded(Path::new(program), &["/"], &[("MEMQUOTA_REPORT", "exit")]);
+        assert_ok(&out, program);
+        let stderr = text(&out.stderr);
+        assert_eq!(summaries(&stderr).len(), 1, "{program}: {stderr}");
+    }
+}
+
+#[test]
+fn the_exit_summary_of_a_shell_is_the_top_process_only() {
+    // Two children, exec'd with the preload and the variable inherited, that keep
+    // their stderr open to the end (so a summary of theirs would show); the shell's
+    // last command is a builtin, so the shell itself exits (not exec'd away).
+    let probe = built().probe.display();
+    let script = format!("{probe} entry >/dev/null; {probe} threads >/dev/null; echo top $$");
+    let script = script.as_str();
+    let out = preloaded(Path::new("bash"), &["-c", script], &[("MEMQUOTA_REPORT", "exit")]);
+    assert_ok(&out, "bash");
+    let top = pid_after(&text(&out.stdout), "top ");
+    assert_eq!(summaries(&text(&out.stderr)), [top], "{}", text(&out.stderr));
+    // Each child may opt in.
+    let out = preloaded(Path::new("bash"), &["-c", script], &[("MEMQUOTA_REPORT", "exit-all")]);
+    assert_ok(&out, "bash");
+    let top = pid_after(&text(&out.stdout), "top ");
+    let pids = summaries(&text(&out.stderr));
+    assert_eq!(pids.len(), 3, "{}", text(&out.stderr));
+    assert_eq!(pids.iter().collect::<BTreeSet<_>>().len(), 3, "three processes: {pids:?}");
+    assert_eq!(pids.last(), Some(&top), "the shell exits last: {pids:?}");
+}
+
+#[test]
+fn the_exit_summary_of_a_forking_program_is_the_parents_only() {
+    // The child ends with exit(), so it runs the atexit handler it inherited.
+    let out = probe(&["fork_exit"], &[("MEMQUOTA_REPORT", "exit")]);
+    assert_ok(&out, "fork_exit");
+    let parent = pid_after(&text(&out.stdout), "parent ");
+    assert_eq!(summaries(&text(&out.stderr)), [parent], "{}", text(&out.stderr));
+    let out = probe(&["fork_exit"], &[("MEMQUOTA_REPORT", "exit-all")]);
+    assert_ok(&out, "fork_exit");
+    let pids = summaries(&text(&out.stderr));
+    assert_eq!(pids.len(), 2, "{}", text(&out.stderr));
+    assert_eq!(pids.last(), Some(&pid_after(&text(&out.stdout), "parent ")));
+}
+
 #[test]
 fn cxx_sized_and_aligned_new_delete_are_exact_and_refusal_throws_bad_alloc() {
     let out = preloaded(&built().cxx, &["throw"], &[("MEMQUOTA_LIMIT", "1g")]);

@@ -1,5 +1,5 @@
 /* Run under LD_PRELOAD=libmemquota.so by ld_preload/tests/preload.rs.
- * probe MODE: entry | threads | fork | storm | oom | dlopen LIB
+ * probe MODE: entry | threads | fork | fork_exit | storm | oom | dlopen LIB
  * Prints "native_before=N native_after=M" where it checks exactness. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -170,6 +170,22 @@ static void forks(void) {
     free(keep);
 }
 
+/* A fork child that ends with exit(), not _exit(): it runs the atexit handlers it
+ * inherited, the preload's exit report among them. Prints the parent's pid. */
+static void fork_exit(void) {
+    printf("parent %d\n", (int)getpid());
+    fflush(stdout);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        free(malloc(3 << 20));
+        exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
 /* A key created after the preload's: its destructor runs after the preload's exit
  * flush, and allocates and frees then. */
 static pthread_key_t late_key;
@@ -252,6 +268,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "entry")) entry();
     else if (!strcmp(argv[1], "threads")) threads();
     else if (!strcmp(argv[1], "fork")) forks();
+    else if (!strcmp(argv[1], "fork_exit")) fork_exit();
     else if (!strcmp(argv[1], "storm")) storm();
     else if (!strcmp(argv[1], "oom")) oom();
     else if (!strcmp(argv[1], "dlopen")) dl(argv[2]);

@@ -1,11 +1,15 @@
 import com.sun.management.HotSpotDiagnosticMXBean;
 import java.lang.management.GarbageCollectorMXBean;
 import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CyclicBarrier;
 import java.util.concurrent.ThreadLocalRandom;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicLongArray;
 import org.memquota.MemQuota;
 
 /** The JVM tests' workloads, run under libmemquota.so as preload and agent. */
@@ -14,11 +18,19 @@ public class JvmWorkload {
 
     public static void main(String[] args) throws Exception {
         switch (args[0]) {
-            case "shrink": shrink(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
+            case "shrink":
+                shrink(Integer.parseInt(args[1]), Integer.parseInt(args[2]),
+                        args.length > 3 ? Integer.parseInt(args[3]) : 0);
+                break;
             case "refuse": refuse(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "work": work(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "scopes": scopes(); break;
+            case "stats": System.out.println("stats " + MemQuota.statsJson()); break;
+            case "burst":
+                burst(Integer.parseInt(args[1]), Integer.parseInt(args[2]), Integer.parseInt(args[3]),
+                        Integer.parseInt(args[4]));
+                break;
             default: throw new IllegalArgumentException(args[0]);
         }
     }
@@ -45,13 +57,25 @@ public class JvmWorkload {
         return keep;
     }
 
-    /** (a) and (d): garbage grows the heap, then direct buffers need its room. */
-    static void shrink(int garbageMib, int directMib) {
+    /**
+     * (a) and (d): garbage grows the heap; then direct buffers need its room. With
+     * `shortMib` > 0 the limit is then set, from the budget's own figures, so that the
+     * buffers fit only once the heap gives back `shortMib` MiB: the precondition holds
+     * by construction, whatever size the JVM chose to grow the heap to.
+     */
+    static void shrink(int garbageMib, int directMib, int shortMib) {
         String before = ratios();
         List<byte[]> garbage = fill(garbageMib);
         long grown = Runtime.getRuntime().totalMemory();
         System.out.println("garbage " + garbage.size() + " arrays, heap committed " + mib(grown) + " MiB");
         garbage = null;
+        if (shortMib > 0) {
+            MemQuota.flush();
+            String s = MemQuota.statsJson();
+            long counted = stat(s, "native_bytes") + stat(s, "heap_committed_bytes");
+            MemQuota.setLimit(counted + ((long) (directMib - shortMib) << 20));
+            System.out.println("budget " + MemQuota.statsJson());
+        }
         List<ByteBuffer> direct = new ArrayList<>();
         for (int i = 0; i < directMib / 8; i++) {
             direct.add(ByteBuffer.allocateDirect(8 << 20));
@@ -62,6 +86,103 @@ public class JvmWorkload {
         System.out.println("memquota gcs " + MemQuota.gcCount());
         System.out.println("ratios before " + before + " after " + ratios());
         System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    /**
+     * The gate under bursts, `rounds` times: `garbageMib` of garbage grows the heap;
+     * the limit is set, from the budget's own figures, half a request above what is
+     * counted, so that no request fits until a GC gives heap back, and then room for
+     * only a few. Then `threads` threads, released together by a barrier, each ask
+     * `Unsafe.allocateMemory` (the native under direct buffers and Spark's pages;
+     * untouched, so not resident) for `requestMib`, and hold what they got until the
+     * round's figures are printed. The agent's soft ratio must be 1 (`soft=1`): a
+     * background GC before the burst would make the room early.
+     *
+     * Two threads take thread dumps meanwhile, each a safepoint: a thread that passed
+     * the gate's check is held at its entry into the VM until the safepoint ends,
+     * before its malloc is counted, as a GC's pause would hold it. On two cores the
+     * window between the check and the malloc is otherwise a few microseconds.
+     */
+    static void burst(int threads, int requestMib, int garbageMib, int rounds) throws Exception {
+        java.lang.reflect.Field field = sun.misc.Unsafe.class.getDeclaredField("theUnsafe");
+        field.setAccessible(true);
+        sun.misc.Unsafe unsafe = (sun.misc.Unsafe) field.get(null);
+        long request = (long) requestMib << 20;
+        long roomy = MemQuota.limit();
+        for (int round = 0; round < rounds; round++) {
+            MemQuota.setLimit(roomy);
+            List<byte[]> garbage = fill(garbageMib);
+            garbage.clear();
+            MemQuota.flush();
+            String s = MemQuota.statsJson();
+            long limit = stat(s, "native_bytes") + stat(s, "heap_committed_bytes") + request / 2;
+            MemQuota.setLimit(limit);
+            AtomicBoolean done = new AtomicBoolean();
+            List<Thread> stoppers = new ArrayList<>();
+            for (int i = 0; i < 2; i++) {
+                stoppers.add(started(() -> {
+                    ThreadMXBean mx = ManagementFactory.getThreadMXBean();
+                    while (!done.get()) {
+                        mx.dumpAllThreads(true, true);
+                    }
+                }));
+            }
+            CyclicBarrier start = new CyclicBarrier(threads);
+            AtomicLongArray got = new AtomicLongArray(threads);
+            List<Thread> ts = new ArrayList<>();
+            for (int t = 0; t < threads; t++) {
+                int me = t;
+                ts.add(started(() -> {
+                    try {
+                        start.await();
+                        got.set(me, unsafe.allocateMemory(request));
+                    } catch (OutOfMemoryError e) {
+                        // refused: the gate's answer when there is no room
+                    } catch (Exception e) {
+                        throw new RuntimeException(e);
+                    }
+                }));
+            }
+            for (Thread th : ts) {
+                th.join();
+            }
+            done.set(true);
+            for (Thread th : stoppers) {
+                th.join();
+            }
+            MemQuota.flush();
+            int granted = 0;
+            for (int t = 0; t < threads; t++) {
+                granted += got.get(t) != 0 ? 1 : 0;
+            }
+            // Every granted request is still held, so native now counts them all.
+            String after = MemQuota.statsJson();
+            System.out.println("round " + round + " granted " + granted + " limit " + limit + " native "
+                    + stat(after, "native_bytes") + " error_bound " + stat(after, "error_bound_bytes"));
+            for (int t = 0; t < threads; t++) {
+                if (got.get(t) != 0) {
+                    unsafe.freeMemory(got.get(t));
+                }
+            }
+        }
+        System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    static Thread started(Runnable body) {
+        Thread th = new Thread(body);
+        th.start();
+        return th;
+    }
+
+    /** A number in the stats JSON. */
+    static long stat(String json, String field) {
+        String key = "\"" + field + "\":";
+        int at = json.indexOf(key) + key.length();
+        int end = at;
+        while (end < json.length() && Character.isDigit(json.charAt(end))) {
+            end++;
+        }
+        return Long.parseLong(json.substring(at, end));
     }
 
     /** (b): the live heap leaves no room; the refusal is an OutOfMemoryError. */
