@@ -25,6 +25,8 @@ pub(crate) fn install() {
 }
 
 extern "C" fn prepare() {
+    #[cfg(feature = "jvm")]
+    crate::jvm::before_fork();
     engine::before_fork();
     crate::report::before_fork();
     crate::scope::before_fork();
@@ -37,6 +39,8 @@ extern "C" fn parent() {
         crate::scope::after_fork(false);
         crate::report::after_fork(false);
         engine::after_fork(false);
+        #[cfg(feature = "jvm")]
+        crate::jvm::after_fork(false);
     }
 }
 
@@ -47,5 +51,7 @@ extern "C" fn child() {
         crate::scope::after_fork(true);
         crate::report::after_fork(true);
         engine::after_fork(true);
+        #[cfg(feature = "jvm")]
+        crate::jvm::after_fork(true);
     }
 }

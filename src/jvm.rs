@@ -25,7 +25,7 @@ use crate::heap_probe::{set_heap_bytes, HeapBytes};
 use crate::report::write_stderr;
 use jni::objects::{JObject, JString, JValue};
 use jni::{JNIEnv, JavaVM};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -58,6 +58,10 @@ struct Requests {
 static REQUESTS: Mutex<Requests> = Mutex::new(Requests { asked: 0, need: 0, done: 0 });
 static WAKE: Condvar = Condvar::new();
 static DONE: Condvar = Condvar::new();
+static REQUESTS_HELD: ForkHeld<MutexGuard<'static, Requests>> = ForkHeld::new();
+/// Set in a `fork` child: the driver thread did not survive the fork, and no GC round
+/// asked for would ever be answered.
+static DRIVER_GONE: AtomicBool = AtomicBool::new(false);
 /// Set by [`gc_finished`]: read the heap now.
 static GC_SEEN: AtomicBool = AtomicBool::new(false);
 static INSTALLED: OnceLock<()> = OnceLock::new();
@@ -106,18 +110,48 @@ fn jvm_error(e: jni::errors::Error) -> crate::Error {
     crate::Error::Jvm(e.to_string())
 }
 
+/// The driver's part of a fork's prepare handler: takes the request lock.
+pub(crate) fn before_fork() {
+    // SAFETY: a guard of REQUESTS, just taken.
+    unsafe { REQUESTS_HELD.keep(lock(&REQUESTS)) };
+}
+
+/// The driver's part of a fork's parent and child handlers. The child has no driver
+/// thread: its reclaims return at once instead of waiting for a GC nobody runs.
+///
+/// # Safety
+/// On the thread whose prepare handler called [`before_fork`], once.
+pub(crate) unsafe fn after_fork(child: bool) {
+    if child {
+        DRIVER_GONE.store(true, Relaxed);
+    }
+    // SAFETY: forwarded contract.
+    unsafe {
+        REQUESTS_HELD.release_after(|r| {
+            if child {
+                r.done = r.asked;
+            }
+        })
+    };
+}
+
 /// The reclaim callback: asks the driver for a GC round and waits for it.
 fn request_gc(need: usize) {
-    let mut r = REQUESTS.lock();
+    if DRIVER_GONE.load(Relaxed) {
+        return;
+    }
+    let mut r = lock(&REQUESTS);
     r.asked += 1;
     let ticket = r.asked;
     r.need = r.need.max(need as u64);
     WAKE.notify_one();
     let deadline = std::time::Instant::now() + GC_WAIT;
     while r.done < ticket {
-        if DONE.wait_until(&mut r, deadline).timed_out() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
             return;
         }
+        r = wait_timeout(&DONE, r, left);
     }
 }
 
@@ -134,9 +168,9 @@ fn drive(vm: JavaVM) {
     let mut owed = None;
     loop {
         let round = {
-            let mut r = REQUESTS.lock();
+            let mut r = lock(&REQUESTS);
             if r.asked == r.done && !GC_SEEN.load(Acquire) {
-                WAKE.wait_for(&mut r, POLL);
+                r = wait_timeout(&WAKE, r, POLL);
             }
             (r.asked > r.done).then(|| (r.asked, std::mem::take(&mut r.need)))
         };
@@ -146,7 +180,7 @@ fn drive(vm: JavaVM) {
         restore_owed(&mut env, &mut owed);
         if let Some((ticket, need)) = round {
             shrink(&mut env, need, &mut owed);
-            let mut r = REQUESTS.lock();
+            let mut r = lock(&REQUESTS);
             r.done = ticket;
             DONE.notify_all();
         } else if let Ok(heap) = read_heap(&mut env) {
