@@ -23,9 +23,9 @@
 use crate::engine;
 use crate::heap_probe::{set_heap_bytes, HeapBytes};
 use crate::report::write_stderr;
+use crate::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
 use jni::objects::{JObject, JString, JValue};
 use jni::{JNIEnv, JavaVM};
-use crate::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::OnceLock;
 use std::time::Duration;

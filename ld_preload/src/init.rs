@@ -6,8 +6,7 @@ use crate::exit_report::{self, Report};
 use crate::tls::FACE;
 use memquota_core::{face, Config, Stats};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// The preload's default `MEMQUOTA_REFUSE_MIN`: smaller requests are never refused
@@ -28,8 +27,10 @@ struct Settings {
 }
 
 /// The stats file's path: from `MEMQUOTA_STATS_FILE`, replaced by the agent's
-/// `stats_file=` option.
-static STATS_PATH: Mutex<Option<String>> = Mutex::new(None);
+/// `stats_file=` option. A leaked `String` (null: none), read with no lock: a `fork`
+/// while another thread read it under a lock would leave the child's lock held, and
+/// its exit would hang. A replaced path is leaked (it happens at most twice).
+static STATS_PATH: AtomicPtr<String> = AtomicPtr::new(std::ptr::null_mut());
 /// Nanoseconds between two writes of the stats file.
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000_000);
 static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
@@ -96,7 +97,7 @@ extern "C" fn on_load() {
 
 /// Writes the stats to `path` every interval and at exit (replacing any earlier path).
 pub(crate) fn write_stats_to(path: String) {
-    *STATS_PATH.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+    STATS_PATH.store(Box::into_raw(Box::new(path)), Release);
     register_at_exit();
     if WRITER_STARTED.swap(true, AcqRel) {
         return;
@@ -163,7 +164,8 @@ fn parse_interval(v: &str) -> Option<Duration> {
 /// Writes the Prometheus text to the stats file atomically: a temporary file, then a
 /// rename.
 fn write_stats_file() {
-    let Some(path) = STATS_PATH.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return };
+    // SAFETY: STATS_PATH holds null or a `Box::into_raw` pointer that is never freed.
+    let Some(path) = (unsafe { STATS_PATH.load(Acquire).as_ref() }) else { return };
     face::flush_thread(&FACE);
     let mut text = String::with_capacity(4096);
     let _ = memquota_core::write_prometheus(&mut text, &memquota_core::stats());
