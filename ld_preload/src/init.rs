@@ -172,7 +172,7 @@ fn write_stats_file() {
     let tmp = format!("{path}.tmp.{}", std::process::id());
     let ok = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
     if ok.is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
+        let _ = std::fs::rename(&tmp, path);
     } else {
         let _ = std::fs::remove_file(&tmp);
     }
