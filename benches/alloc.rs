@@ -476,7 +476,7 @@ fn main() {
     );
     println!(
         "threshold {} KiB per thread, {} cores available{}",
-        memquota::threshold_for(16 << 30) >> 10,
+        memquota::face::threshold_for(16 << 30) >> 10,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         if quick { ", QUICK mode (1/20 of the ops)" } else { "" }
     );

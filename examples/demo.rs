@@ -58,7 +58,7 @@ fn main() -> memquota::Result<()> {
         Err(e) => println!("  refused as expected: {e}"),
     }
     drop(work);
-    memquota::flush();
+    memquota::flush_thread();
     let s = memquota::stats();
     show("after dropping the buffer", &s);
     println!("\nfull stats: {s:#?}");

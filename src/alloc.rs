@@ -1,10 +1,10 @@
 //! The Rust face: `QuotaAlloc`, a `#[global_allocator]` that charges every
 //! allocation against the budget before the backing allocator sees it.
 
-use crate::engine;
-use crate::ledger;
-use crate::rust_face::{self, RUST_FACE};
-use crate::scope::{self, OWNED_MIN};
+use crate::ledger::{self, with_rust_local, RUST_FACE};
+use crate::scope;
+use crate::slow_path::charge_slow;
+use crate::tables::OWNED_MIN;
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemallocator::Jemalloc;
 
@@ -20,6 +20,7 @@ use tikv_jemallocator::Jemalloc;
 ///
 /// Sizes are taken from the [`Layout`], never looked up: tracked bytes are requested
 /// bytes, not the size class jemalloc rounds them to.
+#[derive(Debug)]
 pub struct QuotaAlloc<A = Jemalloc> {
     inner: A,
 }
@@ -48,15 +49,15 @@ impl<A> QuotaAlloc<A> {
 #[inline(always)]
 fn charge(bytes: usize) -> bool {
     // Layout sizes never exceed isize::MAX, so the casts are exact.
-    rust_face::with(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
-        || engine::charge_slow(&RUST_FACE, bytes as i64)
+    with_rust_local(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
+        || charge_slow(&RUST_FACE, bytes as i64)
 }
 
 /// Credits `bytes` after memory is given back (or was never taken).
 #[inline(always)]
 fn credit(bytes: usize) {
-    if rust_face::with(|l| ledger::try_credit(l, bytes as u64)) != Some(true) {
-        engine::charge_slow(&RUST_FACE, -(bytes as i64));
+    if with_rust_local(|l| ledger::try_credit(l, bytes as u64)) != Some(true) {
+        charge_slow(&RUST_FACE, -(bytes as i64));
     }
 }
 
@@ -66,7 +67,7 @@ fn credit(bytes: usize) {
 #[inline(never)]
 fn credit_freed(ptr: *mut u8, size: usize) {
     if !scope::note_free(ptr as usize, size as u64) {
-        engine::charge_slow(&RUST_FACE, -(size as i64));
+        charge_slow(&RUST_FACE, -(size as i64));
     }
 }
 
@@ -74,7 +75,7 @@ fn credit_freed(ptr: *mut u8, size: usize) {
 #[inline(always)]
 fn charged_fast(bytes: usize) -> bool {
     // Layout sizes never exceed isize::MAX, so the casts are exact.
-    rust_face::with(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
+    with_rust_local(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
 }
 
 /// Gives the charge of a failed allocation back.
@@ -120,7 +121,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        if rust_face::with(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
+        if with_rust_local(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
             credit_freed(ptr, layout.size());
         }
     }
@@ -146,7 +147,10 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
     #[cold]
     #[inline(never)]
     unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        if !engine::charge_slow(&RUST_FACE, layout.size() as i64) {
+        // Every thread's first allocation comes here: the process's first installs the
+        // fork handlers, for a program that never calls `init`.
+        crate::fork::install();
+        if !charge_slow(&RUST_FACE, layout.size() as i64) {
             return std::ptr::null_mut();
         }
         let p = if zeroed {

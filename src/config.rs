@@ -5,36 +5,63 @@ use crate::error::{Error, Result};
 use crate::host;
 use std::time::Duration;
 
+/// Every `MEMQUOTA_*` variable name, in one place: the core's, and those only the
+/// `LD_PRELOAD` library and the `memquota` command read.
+pub mod vars {
+    /// The hard limit.
+    pub const LIMIT: &str = "MEMQUOTA_LIMIT";
+    /// The soft threshold as a fraction of the limit.
+    pub const SOFT_RATIO: &str = "MEMQUOTA_SOFT_RATIO";
+    /// What a refusal does.
+    pub const ON_OOM: &str = "MEMQUOTA_ON_OOM";
+    /// Which heap figure counts.
+    pub const HEAP: &str = "MEMQUOTA_HEAP";
+    /// The bounded wait for a reclaim in flight.
+    pub const RECLAIM_WAIT: &str = "MEMQUOTA_RECLAIM_WAIT";
+    /// The least time between two reclaims.
+    pub const RECLAIM_INTERVAL: &str = "MEMQUOTA_RECLAIM_INTERVAL";
+    /// The smallest request that may be refused.
+    pub const REFUSE_MIN: &str = "MEMQUOTA_REFUSE_MIN";
+    /// Where to serve `/metrics`.
+    pub const METRICS_ADDR: &str = "MEMQUOTA_METRICS_ADDR";
+    /// The OOM report window.
+    pub const REPORT_WINDOW: &str = "MEMQUOTA_REPORT_WINDOW";
+    /// The preload's stats file.
+    pub const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
+    /// How often the preload writes the stats file.
+    pub const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";
+    /// The preload's summary at exit.
+    pub const REPORT: &str = "MEMQUOTA_REPORT";
+    /// The pid the preload's summary speaks for (set by the preload).
+    pub const REPORT_PID: &str = "MEMQUOTA_REPORT_PID";
+}
+
+use vars::*;
+
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
 pub const ENV_VARS: [(&str, &str); 9] = [
-    (LIMIT_VAR, LIMIT_FORMS),
-    (SOFT_VAR, SOFT_FORMS),
-    (ON_OOM_VAR, ON_OOM_FORMS),
-    (HEAP_VAR, HEAP_FORMS),
-    (WAIT_VAR, DURATION_FORMS),
-    (INTERVAL_VAR, DURATION_FORMS),
-    (REFUSE_MIN_VAR, SIZE_FORMS),
-    (METRICS_VAR, METRICS_FORMS),
-    (REPORT_WINDOW_VAR, DURATION_FORMS),
+    (LIMIT, LIMIT_FORMS),
+    (SOFT_RATIO, SOFT_FORMS),
+    (ON_OOM, ON_OOM_FORMS),
+    (HEAP, HEAP_FORMS),
+    (RECLAIM_WAIT, DURATION_FORMS),
+    (RECLAIM_INTERVAL, DURATION_FORMS),
+    (REFUSE_MIN, SIZE_FORMS),
+    (METRICS_ADDR, METRICS_FORMS),
+    (REPORT_WINDOW, DURATION_FORMS),
 ];
 
-const LIMIT_VAR: &str = "MEMQUOTA_LIMIT";
+/// The shortest stats interval (`MEMQUOTA_STATS_INTERVAL`, `memquota run
+/// --interval`): a floor that keeps a sampler from spinning.
+pub const MIN_STATS_INTERVAL: Duration = Duration::from_millis(10);
+
 const LIMIT_FORMS: &str = "a size in bytes (1073741824), with a unit (512k, 512m, 8g, 1t; \
     binary units, optional b/ib suffix), or a percentage of the machine's limit (75%)";
-const SOFT_VAR: &str = "MEMQUOTA_SOFT_RATIO";
 const SOFT_FORMS: &str = "a number greater than 0 and at most 1 (0.85)";
-const ON_OOM_VAR: &str = "MEMQUOTA_ON_OOM";
 const ON_OOM_FORMS: &str = "null or abort";
-const HEAP_VAR: &str = "MEMQUOTA_HEAP";
 const HEAP_FORMS: &str = "committed or used";
-const WAIT_VAR: &str = "MEMQUOTA_RECLAIM_WAIT";
-const INTERVAL_VAR: &str = "MEMQUOTA_RECLAIM_INTERVAL";
-/// The variable that sets the smallest request that may be refused.
-pub const REFUSE_MIN_VAR: &str = "MEMQUOTA_REFUSE_MIN";
 const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m)";
-const METRICS_VAR: &str = "MEMQUOTA_METRICS_ADDR";
 const METRICS_FORMS: &str = "an address to serve /metrics on, like 127.0.0.1:9464";
-const REPORT_WINDOW_VAR: &str = "MEMQUOTA_REPORT_WINDOW";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
 
 /// Where the budget's size comes from.
@@ -139,37 +166,37 @@ impl Config {
             }
         }
         let mut c = Config::new();
-        c.limit = read(&get, LIMIT_VAR, LIMIT_FORMS, parse_limit)?;
-        if let Some(r) = read(&get, SOFT_VAR, SOFT_FORMS, parse_ratio)? {
+        c.limit = read(&get, LIMIT, LIMIT_FORMS, parse_limit)?;
+        if let Some(r) = read(&get, SOFT_RATIO, SOFT_FORMS, parse_ratio)? {
             c.soft_ratio = r;
         }
-        if let Some(o) = read(&get, ON_OOM_VAR, ON_OOM_FORMS, |s| match s {
+        if let Some(o) = read(&get, ON_OOM, ON_OOM_FORMS, |s| match s {
             "null" => Some(OnOom::Null),
             "abort" => Some(OnOom::Abort),
             _ => None,
         })? {
             c.on_oom = o;
         }
-        if let Some(h) = read(&get, HEAP_VAR, HEAP_FORMS, |s| match s {
+        if let Some(h) = read(&get, HEAP, HEAP_FORMS, |s| match s {
             "committed" => Some(HeapMode::Committed),
             "used" => Some(HeapMode::Used),
             _ => None,
         })? {
             c.heap = h;
         }
-        if let Some(d) = read(&get, WAIT_VAR, DURATION_FORMS, parse_duration)? {
+        if let Some(d) = read(&get, RECLAIM_WAIT, DURATION_FORMS, parse_duration)? {
             c.reclaim_wait = d;
         }
-        if let Some(d) = read(&get, INTERVAL_VAR, DURATION_FORMS, parse_duration)? {
+        if let Some(d) = read(&get, RECLAIM_INTERVAL, DURATION_FORMS, parse_duration)? {
             c.reclaim_interval = d;
         }
-        if let Some(n) = read(&get, REFUSE_MIN_VAR, SIZE_FORMS, parse_size)? {
+        if let Some(n) = read(&get, REFUSE_MIN, SIZE_FORMS, parse_size)? {
             c.refuse_min = n;
         }
-        if let Some(d) = read(&get, REPORT_WINDOW_VAR, DURATION_FORMS, parse_duration)? {
+        if let Some(d) = read(&get, REPORT_WINDOW, DURATION_FORMS, parse_duration)? {
             c.report_window = d;
         }
-        c.metrics_addr = read(&get, METRICS_VAR, METRICS_FORMS, |s| {
+        c.metrics_addr = read(&get, METRICS_ADDR, METRICS_FORMS, |s| {
             s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
         })?;
         Ok(c)

@@ -61,7 +61,7 @@ pub fn serve_metrics(addr: &str) -> Result<SocketAddr> {
 
 fn spawn(name: &str, body: impl FnOnce() + Send + 'static) {
     let _ = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
-        crate::engine::exempt_this_thread();
+        crate::ledger::exempt_this_thread();
         body()
     });
 }

@@ -6,6 +6,91 @@ use crate::scope::{ScopeSnapshot, ScopeStats};
 use crate::stats::Stats;
 use std::fmt::{self, Write};
 
+/// Every metric name, in one place: what this module writes and what the `memquota`
+/// command reads back.
+pub mod metric {
+    #[allow(missing_docs)]
+    pub const ERROR_BOUND_BYTES: &str = "memquota_error_bound_bytes";
+    #[allow(missing_docs)]
+    pub const HEADROOM_BYTES: &str = "memquota_headroom_bytes";
+    #[allow(missing_docs)]
+    pub const HEAP_COMMITTED_BYTES: &str = "memquota_heap_committed_bytes";
+    #[allow(missing_docs)]
+    pub const HEAP_PROBE_PANICS_TOTAL: &str = "memquota_heap_probe_panics_total";
+    #[allow(missing_docs)]
+    pub const HEAP_USED_BYTES: &str = "memquota_heap_used_bytes";
+    #[allow(missing_docs)]
+    pub const JEMALLOC_ACTIVE_BYTES: &str = "memquota_jemalloc_active_bytes";
+    #[allow(missing_docs)]
+    pub const JEMALLOC_ALLOCATED_BYTES: &str = "memquota_jemalloc_allocated_bytes";
+    #[allow(missing_docs)]
+    pub const JEMALLOC_RESIDENT_BYTES: &str = "memquota_jemalloc_resident_bytes";
+    #[allow(missing_docs)]
+    pub const JEMALLOC_RETAINED_BYTES: &str = "memquota_jemalloc_retained_bytes";
+    #[allow(missing_docs)]
+    pub const LIMIT_BYTES: &str = "memquota_limit_bytes";
+    #[allow(missing_docs)]
+    pub const NATIVE_BYTES: &str = "memquota_native_bytes";
+    #[allow(missing_docs)]
+    pub const NATIVE_PEAK_BYTES: &str = "memquota_native_peak_bytes";
+    #[allow(missing_docs)]
+    pub const OOM_REPORTS_TOTAL: &str = "memquota_oom_reports_total";
+    #[allow(missing_docs)]
+    pub const OOM_TOTAL: &str = "memquota_oom_total";
+    #[allow(missing_docs)]
+    pub const OVERCOMMIT_BYTES: &str = "memquota_overcommit_bytes";
+    #[allow(missing_docs)]
+    pub const OVERCOMMIT_TOTAL: &str = "memquota_overcommit_total";
+    #[allow(missing_docs)]
+    pub const PROCESS_RSS_BYTES: &str = "memquota_process_rss_bytes";
+    #[allow(missing_docs)]
+    pub const RECLAIM_PANICS_TOTAL: &str = "memquota_reclaim_panics_total";
+    #[allow(missing_docs)]
+    pub const RECLAIMED_BYTES_TOTAL: &str = "memquota_reclaimed_bytes_total";
+    #[allow(missing_docs)]
+    pub const RECLAIMS_THROTTLED_TOTAL: &str = "memquota_reclaims_throttled_total";
+    #[allow(missing_docs)]
+    pub const RECLAIMS_TOTAL: &str = "memquota_reclaims_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_ALLOCATED_BYTES: &str = "memquota_scope_allocated_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_CONSUMER_BYTES: &str = "memquota_scope_consumer_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_CONSUMER_SPILLS_TOTAL: &str = "memquota_scope_consumer_spills_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_HELD_BYTES: &str = "memquota_scope_held_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_LEAKED_BYTES_TOTAL: &str = "memquota_scope_leaked_bytes_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_PEAK_BYTES: &str = "memquota_scope_peak_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_POOL_BYTES: &str = "memquota_scope_pool_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_REFUSALS_TOTAL: &str = "memquota_scope_refusals_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_RESERVE_IN_SPILL_TOTAL: &str = "memquota_scope_reserve_in_spill_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_RESERVED_BYTES: &str = "memquota_scope_reserved_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_SHARE_BYTES: &str = "memquota_scope_share_bytes";
+    #[allow(missing_docs)]
+    pub const SCOPE_SPILLED_BYTES_TOTAL: &str = "memquota_scope_spilled_bytes_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_SPILLS_TOTAL: &str = "memquota_scope_spills_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_THREADS: &str = "memquota_scope_threads";
+    #[allow(missing_docs)]
+    pub const SCOPE_WAITS_TOTAL: &str = "memquota_scope_waits_total";
+    #[allow(missing_docs)]
+    pub const SCOPES_ACTIVE: &str = "memquota_scopes_active";
+    #[allow(missing_docs)]
+    pub const SOFT_LIMIT_BYTES: &str = "memquota_soft_limit_bytes";
+    #[allow(missing_docs)]
+    pub const UNTRACKED_BYTES: &str = "memquota_untracked_bytes";
+}
+
+use metric::*;
+
 /// One metric: name, type, help, value. `kind` labels go in the name's suffix.
 struct Metric {
     name: &'static str,
@@ -26,80 +111,80 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 24] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     [
         (
-            gauge("memquota_limit_bytes", "The hard limit on native plus counted heap bytes (0: none)."),
+            gauge(LIMIT_BYTES, "The hard limit on native plus counted heap bytes (0: none)."),
             "",
             limit,
         ),
         (
-            gauge("memquota_soft_limit_bytes", "Past this, reclaims run in the background."),
+            gauge(SOFT_LIMIT_BYTES, "Past this, reclaims run in the background."),
             "",
             s.soft_limit.min(limit),
         ),
-        (gauge("memquota_headroom_bytes", "Bytes left under the limit."), "", s.headroom),
-        (gauge("memquota_native_bytes", "Native bytes tracked."), "", s.native),
-        (gauge("memquota_native_peak_bytes", "The highest native total granted."), "", s.native_peak),
+        (gauge(HEADROOM_BYTES, "Bytes left under the limit."), "", s.headroom),
+        (gauge(NATIVE_BYTES, "Native bytes tracked."), "", s.native),
+        (gauge(NATIVE_PEAK_BYTES, "The highest native total granted."), "", s.native_peak),
         (
-            gauge("memquota_overcommit_bytes", "Bytes past the limit now (native plus counted heap)."),
+            gauge(OVERCOMMIT_BYTES, "Bytes past the limit now (native plus counted heap)."),
             "",
             s.overcommit,
         ),
         (
-            gauge("memquota_heap_committed_bytes", "Heap committed, from the heap probe."),
+            gauge(HEAP_COMMITTED_BYTES, "Heap committed, from the heap probe."),
             "",
             s.heap.committed,
         ),
-        (gauge("memquota_heap_used_bytes", "Heap used, from the heap probe."), "", s.heap.used),
+        (gauge(HEAP_USED_BYTES, "Heap used, from the heap probe."), "", s.heap.used),
         (
-            counter("memquota_reclaims_total", "Reclaims (GCs) run, by kind."),
+            counter(RECLAIMS_TOTAL, "Reclaims (GCs) run, by kind."),
             "{kind=\"sync\"}",
             s.reclaims_sync,
         ),
-        (counter("memquota_reclaims_total", ""), "{kind=\"background\"}", s.reclaims_background),
+        (counter(RECLAIMS_TOTAL, ""), "{kind=\"background\"}", s.reclaims_background),
         (
-            counter("memquota_reclaimed_bytes_total", "Bytes the reclaims were measured to free."),
+            counter(RECLAIMED_BYTES_TOTAL, "Bytes the reclaims were measured to free."),
             "",
             s.reclaimed_bytes,
         ),
-        (counter("memquota_reclaim_panics_total", "Reclaim callbacks that panicked."), "", s.reclaim_panics),
+        (counter(RECLAIM_PANICS_TOTAL, "Reclaim callbacks that panicked."), "", s.reclaim_panics),
         (
             counter(
-                "memquota_reclaims_throttled_total",
+                RECLAIMS_THROTTLED_TOTAL,
                 "Reclaim requests turned away by the rate limit or the futility suspension.",
             ),
             "",
             s.reclaims_throttled,
         ),
-        (counter("memquota_oom_total", "Allocations refused."), "", s.ooms),
+        (counter(OOM_TOTAL, "Allocations refused."), "", s.ooms),
         (
-            counter("memquota_oom_reports_total", "Full OOM reports written (the other refusals were summed up)."),
+            counter(OOM_REPORTS_TOTAL, "Full OOM reports written (the other refusals were summed up)."),
             "",
             s.reports,
         ),
         (
-            counter("memquota_overcommit_total", "Grants that left native plus heap past the limit."),
+            counter(OVERCOMMIT_TOTAL, "Grants that left native plus heap past the limit."),
             "",
             s.overcommits,
         ),
         (
             gauge(
-                "memquota_error_bound_bytes",
+                ERROR_BOUND_BYTES,
                 "Bound on unflushed per-thread deltas, and on usage past the limit from memory already taken.",
             ),
             "",
             s.error_bound,
         ),
         (
-            counter("memquota_heap_probe_panics_total", "Heap probe calls that panicked (caught)."),
+            counter(HEAP_PROBE_PANICS_TOTAL, "Heap probe calls that panicked (caught)."),
             "",
             s.heap_probe_panics,
         ),
-        (gauge("memquota_jemalloc_allocated_bytes", "jemalloc stats.allocated."), "", s.jemalloc.allocated),
-        (gauge("memquota_jemalloc_active_bytes", "jemalloc stats.active."), "", s.jemalloc.active),
-        (gauge("memquota_jemalloc_resident_bytes", "jemalloc stats.resident."), "", s.jemalloc.resident),
-        (gauge("memquota_jemalloc_retained_bytes", "jemalloc stats.retained."), "", s.jemalloc.retained),
-        (gauge("memquota_process_rss_bytes", "Resident set size of the process."), "", s.process_rss),
+        (gauge(JEMALLOC_ALLOCATED_BYTES, "jemalloc stats.allocated."), "", s.jemalloc.allocated),
+        (gauge(JEMALLOC_ACTIVE_BYTES, "jemalloc stats.active."), "", s.jemalloc.active),
+        (gauge(JEMALLOC_RESIDENT_BYTES, "jemalloc stats.resident."), "", s.jemalloc.resident),
+        (gauge(JEMALLOC_RETAINED_BYTES, "jemalloc stats.retained."), "", s.jemalloc.retained),
+        (gauge(PROCESS_RSS_BYTES, "Resident set size of the process."), "", s.process_rss),
         (
-            gauge("memquota_untracked_bytes", "RSS minus native tracked minus committed heap."),
+            gauge(UNTRACKED_BYTES, "RSS minus native tracked minus committed heap."),
             "",
             s.untracked(),
         ),
@@ -159,30 +244,26 @@ fn escaped(w: &mut impl Write, s: &str) -> fmt::Result {
 fn scope_metrics(s: &ScopeStats) -> [(&'static str, i64); 7] {
     let i = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     [
-        ("memquota_scope_held_bytes", i(s.held)),
-        ("memquota_scope_peak_bytes", i(s.peak)),
-        ("memquota_scope_allocated_bytes", s.allocated),
-        ("memquota_scope_reserved_bytes", i(s.reserved)),
-        ("memquota_scope_threads", i64::from(s.threads)),
-        ("memquota_scope_waits_total", i(s.waits)),
-        ("memquota_scope_refusals_total", i(s.refusals)),
+        (SCOPE_HELD_BYTES, i(s.held)),
+        (SCOPE_PEAK_BYTES, i(s.peak)),
+        (SCOPE_ALLOCATED_BYTES, s.allocated),
+        (SCOPE_RESERVED_BYTES, i(s.reserved)),
+        (SCOPE_THREADS, i64::from(s.threads)),
+        (SCOPE_WAITS_TOTAL, i(s.waits)),
+        (SCOPE_REFUSALS_TOTAL, i(s.refusals)),
     ]
 }
 
 const SCOPE_HELP: [(&str, &str, &str); 9] = [
-    (
-        "memquota_scope_held_bytes",
-        "gauge",
-        "What the scope is charged: the larger of allocated and reserved.",
-    ),
-    ("memquota_scope_peak_bytes", "gauge", "The highest charge of the scope."),
-    ("memquota_scope_allocated_bytes", "gauge", "Bytes the scope's threads allocated minus freed (flushed)."),
-    ("memquota_scope_reserved_bytes", "gauge", "Bytes the scope reserved explicitly."),
-    ("memquota_scope_threads", "gauge", "Threads attached to the scope."),
-    ("memquota_scope_waits_total", "counter", "Requests of the scope that waited for their fair share."),
-    ("memquota_scope_refusals_total", "counter", "Requests of the scope refused."),
-    ("memquota_scope_consumer_bytes", "gauge", "Bytes a spillable consumer reserved."),
-    ("memquota_scope_consumer_spills_total", "counter", "Times a consumer was asked to spill."),
+    (SCOPE_HELD_BYTES, "gauge", "What the scope is charged: the larger of allocated and reserved."),
+    (SCOPE_PEAK_BYTES, "gauge", "The highest charge of the scope."),
+    (SCOPE_ALLOCATED_BYTES, "gauge", "Bytes the scope's threads allocated minus freed (flushed)."),
+    (SCOPE_RESERVED_BYTES, "gauge", "Bytes the scope reserved explicitly."),
+    (SCOPE_THREADS, "gauge", "Threads attached to the scope."),
+    (SCOPE_WAITS_TOTAL, "counter", "Requests of the scope that waited for their fair share."),
+    (SCOPE_REFUSALS_TOTAL, "counter", "Requests of the scope refused."),
+    (SCOPE_CONSUMER_BYTES, "gauge", "Bytes a spillable consumer reserved."),
+    (SCOPE_CONSUMER_SPILLS_TOTAL, "counter", "Times a consumer was asked to spill."),
 ];
 
 fn scope_label(w: &mut impl Write, s: &ScopeStats) -> fmt::Result {
@@ -196,24 +277,14 @@ fn scope_label(w: &mut impl Write, s: &ScopeStats) -> fmt::Result {
 /// totals. Append it to [`write_prometheus`]'s output.
 pub fn write_scopes_prometheus(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Result {
     let totals: [(&str, &str, &str, u64); 7] = [
-        ("memquota_scopes_active", "gauge", "Scopes running.", snap.scopes.len() as u64),
-        ("memquota_scope_pool_bytes", "gauge", "The execution pool the fair share divides.", snap.pool),
-        ("memquota_scope_share_bytes", "gauge", "Each scope's fair share now.", snap.share),
+        (SCOPES_ACTIVE, "gauge", "Scopes running.", snap.scopes.len() as u64),
+        (SCOPE_POOL_BYTES, "gauge", "The execution pool the fair share divides.", snap.pool),
+        (SCOPE_SHARE_BYTES, "gauge", "Each scope's fair share now.", snap.share),
+        (SCOPE_LEAKED_BYTES_TOTAL, "counter", "Bytes scopes still held when they ended.", snap.leaked_bytes),
+        (SCOPE_SPILLS_TOTAL, "counter", "Spill callbacks run.", snap.spills),
+        (SCOPE_SPILLED_BYTES_TOTAL, "counter", "Bytes spill callbacks said they freed.", snap.spilled_bytes),
         (
-            "memquota_scope_leaked_bytes_total",
-            "counter",
-            "Bytes scopes still held when they ended.",
-            snap.leaked_bytes,
-        ),
-        ("memquota_scope_spills_total", "counter", "Spill callbacks run.", snap.spills),
-        (
-            "memquota_scope_spilled_bytes_total",
-            "counter",
-            "Bytes spill callbacks said they freed.",
-            snap.spilled_bytes,
-        ),
-        (
-            "memquota_scope_reserve_in_spill_total",
+            SCOPE_RESERVE_IN_SPILL_TOTAL,
             "counter",
             "Reservations refused inside a callback.",
             snap.reserve_in_spill,
@@ -288,40 +359,6 @@ pub fn write_scopes_json(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Resul
     w.write_str("]}")
 }
 
-/// A `fmt::Write` over a byte slice that counts what did not fit, for C callers that
-/// want `snprintf` semantics: the text is cut, the count is the full length.
-pub struct SliceWriter<'a> {
-    buf: &'a mut [u8],
-    len: usize,
-}
-
-impl<'a> SliceWriter<'a> {
-    /// Writes into `buf`.
-    pub fn new(buf: &'a mut [u8]) -> Self {
-        SliceWriter { buf, len: 0 }
-    }
-
-    /// Bytes the whole text takes (may exceed the buffer).
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl Write for SliceWriter<'_> {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let start = self.len.min(self.buf.len());
-        let take = s.len().min(self.buf.len() - start);
-        self.buf[start..start + take].copy_from_slice(&s.as_bytes()[..take]);
-        self.len += s.len();
-        Ok(())
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -386,7 +423,7 @@ mod tests {
     #[test]
     fn slice_writer_cuts_and_counts() {
         let mut buf = [0u8; 4];
-        let mut w = SliceWriter::new(&mut buf);
+        let mut w = crate::text::SliceWriter::new(&mut buf);
         w.write_str("abcdef").unwrap();
         assert_eq!(w.len(), 6);
         assert_eq!(&buf, b"abcd");

@@ -9,7 +9,7 @@
 //! None of the handlers allocates: jemalloc's own fork handlers hold its locks around
 //! ours when ours were registered first.
 
-use crate::engine;
+use crate::{ledger, reclaim};
 use std::sync::atomic::{AtomicBool, Ordering::AcqRel};
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
@@ -27,7 +27,7 @@ pub(crate) fn install() {
 extern "C" fn prepare() {
     #[cfg(feature = "jvm")]
     crate::jvm::before_fork();
-    engine::before_fork();
+    reclaim::before_fork();
     crate::report::before_fork();
     crate::scope::before_fork();
 }
@@ -38,7 +38,7 @@ extern "C" fn parent() {
     unsafe {
         crate::scope::after_fork(false);
         crate::report::after_fork(false);
-        engine::after_fork(false);
+        reclaim::after_fork(false);
         #[cfg(feature = "jvm")]
         crate::jvm::after_fork(false);
     }
@@ -50,7 +50,8 @@ extern "C" fn child() {
     unsafe {
         crate::scope::after_fork(true);
         crate::report::after_fork(true);
-        engine::after_fork(true);
+        reclaim::after_fork(true);
+        ledger::after_fork_child(ledger::this_thread());
         #[cfg(feature = "jvm")]
         crate::jvm::after_fork(true);
     }

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// How many past reclaims are kept for the OOM report.
-pub const HISTORY: usize = 8;
+pub(crate) const HISTORY: usize = 8;
 /// Reclaims in a row that free too little before reclaims are suspended.
 pub(crate) const FUTILE_RUNS: u32 = 3;
 /// The first suspension; it doubles with each further futile reclaim.
@@ -31,7 +31,7 @@ pub(crate) const MAX_SUSPEND: Duration = Duration::from_secs(30);
 
 /// Which path asked for a reclaim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReclaimKind {
+pub(crate) enum ReclaimKind {
     /// An allocation over the hard limit waited for it.
     Sync,
     /// Requested past the soft threshold; the allocation did not wait.
@@ -40,19 +40,19 @@ pub enum ReclaimKind {
 
 /// One finished reclaim.
 #[derive(Clone, Copy, Debug)]
-pub struct ReclaimRecord {
+pub(crate) struct ReclaimRecord {
     /// Which path asked for it.
-    pub kind: ReclaimKind,
+    pub(crate) kind: ReclaimKind,
     /// Bytes it was asked to free.
-    pub need: u64,
+    pub(crate) need: u64,
     /// Bytes it was measured to free (native plus counted heap, before minus after).
-    pub freed: u64,
+    pub(crate) freed: u64,
     /// How long the callback ran.
-    pub took: Duration,
+    pub(crate) took: Duration,
     /// Whether the callback panicked (the panic was caught).
-    pub panicked: bool,
+    pub(crate) panicked: bool,
     /// When it ended.
-    pub ended: Instant,
+    pub(crate) ended: Instant,
 }
 
 /// What the caller's reclaim closure reports back.
@@ -64,7 +64,7 @@ pub(crate) struct Run {
 
 /// Why no reclaim ran for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Throttle {
+pub(crate) enum Throttle {
     /// The last reclaim ended less than `min_interval` ago.
     RateLimited,
     /// Recent reclaims freed too little; reclaims are paused.

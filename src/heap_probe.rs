@@ -1,37 +1,17 @@
 //! The heap probe: where the outside part of the budget (a JVM heap, or any other
 //! figure) comes from. None, a value pushed from outside, or a user function.
 
-use crate::config::HeapMode;
+use crate::stats::HeapBytes;
 use std::sync::atomic::{
     AtomicPtr, AtomicU64, AtomicU8,
     Ordering::{Acquire, Relaxed, Release},
 };
 
-/// Heap bytes as a runtime reports them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct HeapBytes {
-    /// Committed by the runtime (the JVM's `Runtime.totalMemory()`).
-    pub committed: u64,
-    /// In use (`totalMemory() - freeMemory()`).
-    pub used: u64,
-}
-
-impl HeapBytes {
-    /// The figure the budget counts under `mode`, as a signed byte count.
-    pub(crate) fn counted(self, mode: HeapMode) -> i64 {
-        let v = match mode {
-            HeapMode::Committed => self.committed,
-            HeapMode::Used => self.used,
-        };
-        i64::try_from(v).unwrap_or(i64::MAX)
-    }
-}
-
 /// A function that reports the heap. Called from the allocator's slow path (a few
 /// times per flush and per refused request) and by [`stats`](crate::stats): it must be
 /// cheap, must not block on other threads' allocations, and should not allocate. A
 /// panic in it is caught, counted, and the last figures it gave stand in.
-pub type ProbeFn = dyn Fn() -> HeapBytes + Send + Sync;
+type ProbeFn = dyn Fn() -> HeapBytes + Send + Sync;
 
 /// Where heap figures come from.
 pub enum HeapProbe {
@@ -40,7 +20,17 @@ pub enum HeapProbe {
     /// The last values given to [`set_heap_bytes`].
     Pushed,
     /// A function called whenever a figure is needed.
-    Function(Box<ProbeFn>),
+    Function(Box<dyn Fn() -> HeapBytes + Send + Sync>),
+}
+
+impl std::fmt::Debug for HeapProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HeapProbe::None => "HeapProbe::None",
+            HeapProbe::Pushed => "HeapProbe::Pushed",
+            HeapProbe::Function(_) => "HeapProbe::Function(..)",
+        })
+    }
 }
 
 const NONE: u8 = 0;
@@ -62,7 +52,7 @@ pub(crate) fn panics() -> u64 {
 }
 
 /// Chooses where heap figures come from.
-pub fn heap_probe(probe: HeapProbe) {
+pub fn set_heap_probe(probe: HeapProbe) {
     match probe {
         HeapProbe::None => MODE.store(NONE, Relaxed),
         HeapProbe::Pushed => MODE.store(PUSHED, Relaxed),

@@ -128,3 +128,21 @@ mod tests {
         assert!(memory_limit() <= physical_ram().max(cgroup_limit().unwrap_or(0)));
     }
 }
+
+/// The loaded object that holds the address `addr` (only compared, never read), as the dynamic linker names it: its load
+/// address, and its file name (`None` for the program itself, which the loader
+/// names with an empty string).
+pub fn object_of(addr: usize) -> Option<(usize, Option<String>)> {
+    // SAFETY: Dl_info is plain data; all-zero is a valid value for dladdr to fill.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads `addr` as a number and fills `info`.
+    if unsafe { libc::dladdr(addr as *const libc::c_void, &mut info) } == 0 {
+        return None;
+    }
+    let file = (!info.dli_fname.is_null())
+        // SAFETY: dladdr set `dli_fname` to the loader's NUL-terminated name, valid
+        // while the object stays loaded; copied at once.
+        .then(|| unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
+        .filter(|f| !f.is_empty());
+    Some((info.dli_fbase as usize, file))
+}

@@ -20,10 +20,10 @@
 //! Used by the preload's JVMTI agent and by a Rust library loaded into a JVM (call
 //! [`install`] from `JNI_OnLoad`).
 
-use crate::engine;
-use crate::heap_probe::{set_heap_bytes, HeapBytes};
-use crate::report::write_stderr;
+use crate::heap_probe::set_heap_bytes;
+use crate::stats::HeapBytes;
 use crate::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
+use crate::text::write_stderr;
 use jni::objects::{JObject, JString, JValue};
 use jni::{JNIEnv, JavaVM};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -89,8 +89,8 @@ pub fn install(env: &mut JNIEnv) -> crate::Result<()> {
         .spawn(move || drive(vm))
         .map_err(|e| crate::Error::Jvm(format!("cannot start the driver thread: {e}")))?;
     let _ = INSTALLED.set(());
-    engine::set_background_interval(BACKGROUND_GAP);
-    engine::on_reclaim(request_gc);
+    crate::settings::set_background_interval(BACKGROUND_GAP);
+    crate::reclaim::on_reclaim(request_gc);
     Ok(())
 }
 
@@ -157,7 +157,7 @@ fn request_gc(need: usize) {
 
 /// The driver thread's body.
 fn drive(vm: JavaVM) {
-    engine::exempt_this_thread();
+    crate::ledger::exempt_this_thread();
     let mut env = match vm.attach_current_thread_as_daemon() {
         Ok(env) => env,
         Err(e) => {

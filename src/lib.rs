@@ -14,80 +14,106 @@
 // Under loom only the pure parts are built, and not all of them are exercised.
 #![cfg_attr(loom, allow(dead_code))]
 
-mod account;
+// Modules in layers: each uses only its own layer and those below it (docs/design.md
+// has the picture; tests/layers.rs checks the `use crate::` lines against it).
+//
+// base
 mod config;
 mod error;
-mod gc;
 mod host;
 mod quota;
+mod settings;
+mod stats;
 mod sync;
-
+mod text;
+// ledger
+mod account;
+#[cfg(not(loom))]
+mod ledger;
+#[cfg(not(loom))]
+mod tables;
+// policy
+#[cfg(not(loom))]
+mod admission;
+mod gc;
+#[cfg(not(loom))]
+mod heap_probe;
+#[cfg(not(loom))]
+mod reclaim;
+#[cfg(not(loom))]
+mod report;
+#[cfg(not(loom))]
+mod snapshot;
+// arbitration
+#[cfg(not(loom))]
+mod scope;
+// slow path
+#[cfg(not(loom))]
+mod slow_path;
+// faces and control
 #[cfg(not(loom))]
 mod alloc;
 #[cfg(not(loom))]
-mod endpoint;
+mod control;
 #[cfg(not(loom))]
-mod engine;
+mod endpoint;
 #[cfg(not(loom))]
 mod export;
 #[cfg(not(loom))]
 mod fork;
-#[cfg(not(loom))]
-mod heap_probe;
 #[cfg(all(feature = "jvm", not(loom)))]
 pub mod jvm;
 #[cfg(not(loom))]
-mod ledger;
-#[cfg(not(loom))]
 mod rendezvous;
-#[cfg(not(loom))]
-mod report;
-#[cfg(not(loom))]
-mod rust_face;
-#[cfg(not(loom))]
-mod scope;
-#[cfg(not(loom))]
-mod stats;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
 
-/// For faces other than the Rust allocator (the `LD_PRELOAD` library): the per-thread
-/// state and the shared slow path. A face keeps a [`face::Local`] per thread, tries
+/// Not part of the API: what memquota's own artifacts (the `LD_PRELOAD` library, the
+/// `memquota` command, the tests) reach for below the user-facing surface. It may
+/// change in any release.
+///
+/// A face other than the Rust allocator keeps a [`face::Local`] per thread, tries
 /// [`face::try_charge`] / [`face::try_credit`] on every call, and calls
 /// [`face::charge_slow`] when they say no.
+#[doc(hidden)]
 #[cfg(not(loom))]
 pub mod face {
-    pub use crate::engine::{adopt, charge_slow, end_gate, flush_thread, make_room, record};
-    pub use crate::ledger::{enter, pending, thread_exit, try_charge, try_credit, Busy, Face, Local};
+    pub use crate::config::{parse_duration, parse_limit, parse_size, vars, ENV_VARS, MIN_STATS_INTERVAL};
+    pub use crate::control::adopt;
+    pub use crate::endpoint::DEFAULT_METRICS_ADDR;
+    pub use crate::export::metric;
+    pub use crate::host::{cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
+    pub use crate::ledger::{enter, thread_exit, try_charge, try_credit, Busy, Face, Local};
+    pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::flush_quiet;
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, note_alloc, note_free, note_realloc_begin,
-        note_realloc_end, release_raw, reserve_raw, OWNED_MIN,
+        note_realloc_end, release_raw, reserve_raw,
     };
+    pub use crate::slow_path::{charge_slow, end_gate, flush_thread, make_room, record};
+    pub use crate::tables::{MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
+    pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};
 }
 
-pub use config::{
-    parse_duration, parse_limit, parse_size, Config, HeapMode, Limit, OnOom, ENV_VARS, REFUSE_MIN_VAR,
-};
+pub use config::{Config, HeapMode, Limit, OnOom};
 pub use error::{Error, Result};
-pub use gc::{ReclaimKind, ReclaimRecord, Throttle};
-pub use host::{cgroup_limit, memory_limit, physical_ram, process_rss};
 pub use tikv_jemallocator::Jemalloc;
 
 #[cfg(not(loom))]
 pub use {
     alloc::QuotaAlloc,
-    endpoint::{serve_metrics, DEFAULT_METRICS_ADDR},
-    engine::{clear_reclaim, init, on_reclaim, set_enforcement, set_limit, stats, Enforcement, ReclaimFn},
-    export::{write_json, write_prometheus, write_scopes_json, write_scopes_prometheus, SliceWriter},
-    heap_probe::{heap_probe, set_heap_bytes, HeapBytes, HeapProbe, ProbeFn},
-    ledger::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD},
-    report::{last_report, set_report_hook, write_stderr, ReportHook, REPORT_CAPACITY},
-    rust_face::{flush, thread_pending},
+    control::{flush_thread, init, thread_pending},
+    endpoint::serve_metrics,
+    export::{write_json, write_prometheus, write_scopes_json, write_scopes_prometheus},
+    heap_probe::{set_heap_bytes, set_heap_probe, HeapProbe},
+    reclaim::{clear_reclaim, on_reclaim},
+    report::{last_report, set_report_hook, ReportHook},
     scope::{
         AttachGuard, Consumer, ConsumerStats, MemoryManager, Reservation, ScopeHandle, ScopeReport,
-        ScopeSnapshot, ScopeStats, SpillFn, TaskScope, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN,
+        ScopeSnapshot, ScopeStats, TaskScope,
     },
-    stats::{JemallocStats, Stats},
+    settings::{set_enforcement, set_limit, Enforcement},
+    snapshot::stats,
+    stats::{HeapBytes, JemallocStats, Stats},
 };

@@ -1,6 +1,18 @@
 //! Quota: where a request stands against the limit. Pure arithmetic, no state, no
 //! allocator: the policy decisions are testable and model-checkable on their own.
 
+/// The smallest per-thread flush threshold.
+pub const MIN_THRESHOLD: u64 = 4 << 10;
+/// The largest per-thread flush threshold.
+pub const MAX_THRESHOLD: u64 = 1 << 20;
+
+/// The per-thread flush threshold for a limit of `limit` bytes: never looser than
+/// ClickHouse's `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a 256th of
+/// its limit.
+pub fn threshold_for(limit: u64) -> u64 {
+    (limit / 4096).clamp(MIN_THRESHOLD, MAX_THRESHOLD)
+}
+
 /// The two thresholds of the budget, in bytes. `i64` so every sum below is exact:
 /// sizes are bounded by `isize::MAX` and limits by `i64::MAX`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 //! and every marker through `dlsym`. (An executable does not export it, so a Rust
 //! program's own copy is seen only by itself, which is enough: it sees the others.)
 
-use crate::report::write_stderr;
+use crate::text::write_stderr;
 use std::sync::atomic::AtomicU8;
 
 /// This copy's marker, found by the others with `dlsym`. 0 until a warning has named
@@ -146,22 +146,11 @@ mod linux {
 
     /// The load address and path of the object that holds `addr`.
     fn object_of(addr: *const c_void) -> Option<(*mut c_void, String)> {
-        // SAFETY: Dl_info is plain data; all-zero is a valid value for dladdr to fill.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: dladdr only reads `addr` as a number and fills `info`.
-        if unsafe { libc::dladdr(addr, &mut info) } == 0 {
-            return None;
-        }
-        let mut file = String::new();
-        if !info.dli_fname.is_null() {
-            // SAFETY: dladdr set `dli_fname` to the loader's NUL-terminated name,
-            // valid while the object stays loaded; copied at once.
-            file = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
-        }
-        if file.is_empty() {
-            file = std::env::current_exe().map_or_else(|_| "the program".into(), |p| p.display().to_string());
-        }
-        Some((info.dli_fbase, file))
+        let (base, file) = crate::host::object_of(addr as usize)?;
+        let file = file.unwrap_or_else(|| {
+            std::env::current_exe().map_or_else(|_| "the program".into(), |p| p.display().to_string())
+        });
+        Some((base as *mut c_void, file))
     }
 
     /// The file names of the loaded objects (the program itself has none), copied so

@@ -13,12 +13,10 @@ use crate::config::{HeapMode, OnOom};
 use crate::gc::{ReclaimKind, ReclaimRecord, Throttle, HISTORY};
 use crate::stats::Stats;
 use crate::sync::{lock, ForkHeld, Mutex, MutexGuard};
+use crate::text::{write_stderr, FixedBuf, Size};
 use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
-
-/// Bytes a report may take; longer text is cut.
-pub const REPORT_CAPACITY: usize = 4096;
+use std::time::Instant;
 
 /// A receiver of OOM reports. Called on the refusing thread, inside the allocator:
 /// it may allocate (that is charged, never refused), must not panic, and should be
@@ -75,12 +73,12 @@ static FLOOD: Mutex<Flood> = Mutex::new(Flood {
 });
 /// Set while a full report is being written.
 static WRITING: AtomicBool = AtomicBool::new(false);
-static WINDOW_MS: AtomicU64 = AtomicU64::new(1000);
 static FULL_REPORTS: AtomicU64 = AtomicU64::new(0);
+static REFUSALS: AtomicU64 = AtomicU64::new(0);
 
-/// Sets the report window (0: every refusal writes a full report).
-pub(crate) fn set_window(window: Duration) {
-    WINDOW_MS.store(u64::try_from(window.as_millis()).unwrap_or(u64::MAX), Relaxed);
+/// Refusals so far (each one, reported in full or not).
+pub(crate) fn refusals() -> u64 {
+    REFUSALS.load(Relaxed)
 }
 
 /// Full reports handed to the hook so far.
@@ -104,9 +102,10 @@ impl Drop for Turn {
 /// only counted (`None`; [`last_report`] then gives one line for it). `force`: it
 /// must be written (the process aborts next).
 pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
+    REFUSALS.fetch_add(1, Relaxed);
     let now = Instant::now();
     let mut f = lock(&FLOOD);
-    let window = Duration::from_millis(WINDOW_MS.load(Relaxed));
+    let window = crate::settings::report_window();
     // From when the window opened, so a window changed meanwhile applies at once.
     let open = f.opened.and_then(|o| o.checked_add(window)).is_some_and(|closes| now < closes);
     let changed = f.mark != mark && f.full < PER_WINDOW;
@@ -168,20 +167,6 @@ fn write_quiet(w: &mut impl Write, q: &Quiet) -> fmt::Result {
 /// Replaces the report hook; returns the previous one.
 pub fn set_report_hook(hook: ReportHook) -> ReportHook {
     std::mem::replace(&mut *lock(&HOOK), hook)
-}
-
-/// The default hook: one `write(2)` per chunk to standard error, no buffering, no
-/// allocation.
-pub fn write_stderr(report: &str) {
-    let mut bytes = report.as_bytes();
-    while !bytes.is_empty() {
-        // SAFETY: the pointer and length describe the live `bytes` slice.
-        let n = unsafe { libc::write(libc::STDERR_FILENO, bytes.as_ptr().cast(), bytes.len()) };
-        if n <= 0 {
-            return;
-        }
-        bytes = &bytes[n as usize..];
-    }
 }
 
 static FLOOD_HELD: ForkHeld<MutexGuard<'static, Flood>> = ForkHeld::new();
@@ -251,7 +236,7 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
     if turn.quiet.count > 0 {
         let _ = write_quiet(&mut buf, &turn.quiet);
     }
-    let start = buf.len;
+    let start = buf.len();
     let _ = write_report(&mut buf, refusal);
     let mut last = FixedBuf::new();
     let _ = last.write_str(&buf.as_str()[start..]);
@@ -316,7 +301,7 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
             if rec.panicked { "  (callback panicked)" } else { "" }
         )?;
     }
-    crate::scope::write_tree(w)?;
+    crate::tables::write_tree(w)?;
     let j = &s.jemalloc;
     writeln!(
         w,
@@ -330,87 +315,5 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
             writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)")
         }
         OnOom::Abort => writeln!(w, "  policy           abort"),
-    }
-}
-
-/// A byte count shown as `1.5 GiB (1610612736)`.
-pub(crate) struct Size(pub(crate) u64);
-
-impl fmt::Display for Size {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-        let b = self.0;
-        if b == u64::MAX {
-            return f.write_str("unlimited");
-        }
-        let mut unit = 0;
-        while unit + 1 < UNITS.len() && b >> (10 * (unit + 1)) > 0 {
-            unit += 1;
-        }
-        if unit == 0 {
-            write!(f, "{b} B")
-        } else {
-            // Tenths in integers: float formatting would do too, this is exact.
-            let scaled = (b as u128 * 10) >> (10 * unit);
-            write!(f, "{}.{} {} ({b})", scaled / 10, scaled % 10, UNITS[unit])
-        }
-    }
-}
-
-/// A fixed-capacity text buffer: `fmt::Write` without a heap. Text past the capacity
-/// is dropped at a character boundary.
-#[derive(Clone, Copy)]
-pub(crate) struct FixedBuf {
-    bytes: [u8; REPORT_CAPACITY],
-    len: usize,
-}
-
-impl FixedBuf {
-    pub(crate) const fn new() -> FixedBuf {
-        FixedBuf { bytes: [0; REPORT_CAPACITY], len: 0 }
-    }
-
-    pub(crate) fn as_str(&self) -> &str {
-        // Only whole `str` pieces cut at char boundaries are ever copied in.
-        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("")
-    }
-}
-
-impl Write for FixedBuf {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        let room = REPORT_CAPACITY - self.len;
-        let mut take = s.len().min(room);
-        while !s.is_char_boundary(take) {
-            take -= 1;
-        }
-        self.bytes[self.len..self.len + take].copy_from_slice(&s.as_bytes()[..take]);
-        self.len += take;
-        if take < s.len() {
-            Err(fmt::Error)
-        } else {
-            Ok(())
-        }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_read_well() {
-        assert_eq!(Size(512).to_string(), "512 B");
-        assert_eq!(Size(1536).to_string(), "1.5 KiB (1536)");
-        assert_eq!(Size(8 << 30).to_string(), "8.0 GiB (8589934592)");
-        assert_eq!(Size(u64::MAX).to_string(), "unlimited");
-    }
-
-    #[test]
-    fn fixed_buf_truncates_at_char_boundary() {
-        let mut b = FixedBuf::new();
-        let long = "é".repeat(REPORT_CAPACITY);
-        assert!(b.write_str(&long).is_err());
-        assert_eq!(b.as_str().len(), REPORT_CAPACITY);
-        assert!(b.as_str().chars().all(|c| c == 'é'));
     }
 }

@@ -1,11 +1,37 @@
 //! A snapshot of the budget that never allocates.
 
 use crate::config::HeapMode;
-use crate::heap_probe::HeapBytes;
+
+/// Heap bytes as a runtime reports them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeapBytes {
+    /// Committed by the runtime (the JVM's `Runtime.totalMemory()`).
+    pub committed: u64,
+    /// In use (`totalMemory() - freeMemory()`).
+    pub used: u64,
+}
+
+impl HeapBytes {
+    /// Heap figures: `committed` by the runtime, `used` of it.
+    pub const fn new(committed: u64, used: u64) -> HeapBytes {
+        HeapBytes { committed, used }
+    }
+
+    /// The figure the budget counts under `mode`, as a signed byte count.
+    pub(crate) fn counted(self, mode: HeapMode) -> i64 {
+        let v = match mode {
+            HeapMode::Committed => self.committed,
+            HeapMode::Used => self.used,
+        };
+        i64::try_from(v).unwrap_or(i64::MAX)
+    }
+}
 
 /// jemalloc's own view, refreshed (the heavy `epoch` advance) by [`stats`](crate::stats)
 /// and the OOM report only, never on the allocation path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JemallocStats {
     /// Bytes in live allocations (`stats.allocated`).
     pub allocated: u64,
@@ -40,6 +66,7 @@ impl JemallocStats {
 
 /// The state of the budget at one moment. Plain data: `Copy`, no heap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// The hard limit in bytes (`u64::MAX` before configuration).
     pub limit: u64,

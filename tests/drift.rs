@@ -96,10 +96,10 @@ fn churn(ops_per_thread: usize, seed: u64) -> usize {
 fn zero_drift_at_quiescence() {
     // Warm-up: lets std create whatever it keeps for the process's lifetime.
     churn(1000, 1);
-    memquota::flush();
+    memquota::flush_thread();
     let before = memquota::stats();
     let ops = churn(150_000, 42);
-    memquota::flush();
+    memquota::flush_thread();
     let after = memquota::stats();
     println!("  {ops} ops on {THREADS} threads; tracked before {} after {}", before.native, after.native);
     assert!(ops >= 1_000_000);
@@ -112,7 +112,7 @@ fn error_bound_holds_between_flushes() {
     const ROUNDS: usize = 40;
     let live_bytes: Arc<Vec<AtomicI64>> = Arc::new((0..THREADS).map(|_| AtomicI64::new(0)).collect());
     let barrier = Arc::new(Barrier::new(THREADS + 1));
-    let threshold = memquota::threshold_for(LIMIT);
+    let threshold = memquota::face::threshold_for(LIMIT);
     assert_eq!(memquota::stats().threshold, threshold);
     let handles: Vec<_> = (0..THREADS)
         .map(|i| {
@@ -122,7 +122,7 @@ fn error_bound_holds_between_flushes() {
                 let mut rng = Rng(99 + i as u64);
                 let mut live: Vec<Vec<u8>> = Vec::with_capacity(100_000);
                 let mut held: i64 = 0;
-                memquota::flush();
+                memquota::flush_thread();
                 barrier.wait(); // A: everything this thread set up is flushed
                 barrier.wait(); // A2: main has read the baseline
                 for _ in 0..ROUNDS {
@@ -150,7 +150,7 @@ fn error_bound_holds_between_flushes() {
         })
         .collect();
     barrier.wait(); // A
-    memquota::flush();
+    memquota::flush_thread();
     let base = memquota::stats().native as i64;
     barrier.wait(); // A2
     let (mut worst, mut bound_then) = (0i64, 0);

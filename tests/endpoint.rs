@@ -47,7 +47,7 @@ fn body(response: &str) -> &str {
 
 fn scrape_parses() {
     let _keep = vec![1u8; 3 << 20];
-    memquota::flush();
+    memquota::flush_thread();
     let response = exchange(b"GET /metrics HTTP/1.0\r\n\r\n");
     assert!(response.starts_with("HTTP/1.0 200 OK\r\n"), "{response}");
     assert!(response.contains("Content-Type: text/plain; version=0.0.4"));

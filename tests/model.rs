@@ -45,14 +45,14 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     memquota::set_report_hook(|_| {}); // refusals are expected here, by the thousand
     let mut limit: u64 = 1 << 20;
     memquota::init(Config::new().limit(limit)).unwrap();
-    memquota::flush();
+    memquota::flush_thread();
     // Normally 0; more if an earlier failing case (while proptest shrinks) left
     // blocks behind.
     let base = tracked() as u64;
     let mut live: Vec<(*mut u8, usize)> = Vec::new();
     let mut model: u64 = 0;
     // A thread keeps the slack it got at its last flush: the largest since a change.
-    let mut slack = memquota::threshold_for(limit);
+    let mut slack = memquota::face::threshold_for(limit);
     // Grants are checked at flushes. A flush adds the pending delta unconditionally
     // (that memory is already taken), so the flushed total may pass the limit by less
     // than the slack, and the next deltas by less than the slack again: usage stays
@@ -100,14 +100,14 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 None
             }
             Op::Flush => {
-                memquota::flush();
+                memquota::flush_thread();
                 prop_assert_eq!(memquota::thread_pending(), 0);
                 None
             }
             Op::Limit(room) => {
                 limit = base + model + room as u64 + 1;
                 memquota::set_limit(limit);
-                slack = slack.max(memquota::threshold_for(limit));
+                slack = slack.max(memquota::face::threshold_for(limit));
                 ceiling = limit.max(memquota::stats().native);
                 None
             }
@@ -142,7 +142,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         // SAFETY: p is live from QUOTA with layout(n).
         unsafe { QUOTA.dealloc(p, layout(n)) };
     }
-    memquota::flush();
+    memquota::flush_thread();
     prop_assert_eq!(tracked(), base as i64);
     Ok(())
 }

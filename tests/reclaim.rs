@@ -74,7 +74,7 @@ fn try_alloc(bytes: usize) -> Option<Vec<u8>> {
 
 fn heap_probe_counts_against_the_limit() {
     configure(64 * MIB);
-    memquota::set_heap_bytes(HeapBytes { committed: 48 * MIB as u64, used: 8 * MIB as u64 });
+    memquota::set_heap_bytes(HeapBytes::new(48 * MIB as u64, 8 * MIB as u64));
     let s = memquota::stats();
     assert_eq!(s.heap.committed, 48 * MIB as u64);
     assert!(s.headroom < 16 * MIB as u64);
@@ -83,30 +83,27 @@ fn heap_probe_counts_against_the_limit() {
     memquota::init(Config::new().limit(64 * MIB as u64).soft_ratio(1.0).heap(HeapMode::Used)).unwrap();
     assert!(try_alloc(20 * MIB).is_some(), "only 8 MiB of heap is used");
 
-    memquota::heap_probe(HeapProbe::Function(Box::new(|| HeapBytes {
-        committed: 60 * MIB as u64,
-        used: 60 * MIB as u64,
+    memquota::set_heap_probe(HeapProbe::Function(Box::new(|| {
+        HeapBytes::new(60 * MIB as u64, 60 * MIB as u64)
     })));
     assert!(try_alloc(8 * MIB).is_none(), "the probe function says 60 MiB");
-    memquota::heap_probe(HeapProbe::None);
+    memquota::set_heap_probe(HeapProbe::None);
     assert!(try_alloc(20 * MIB).is_some(), "no heap counted any more");
     assert_eq!(memquota::stats().heap, HeapBytes::default());
 }
 
 fn reclaim_that_shrinks_the_heap_makes_room() {
     configure(64 * MIB);
-    memquota::set_heap_bytes(HeapBytes { committed: 48 * MIB as u64, used: 40 * MIB as u64 });
+    memquota::set_heap_bytes(HeapBytes::new(48 * MIB as u64, 40 * MIB as u64));
     // The "GC": the heap shrinks to 8 MiB committed.
-    memquota::on_reclaim(|_| {
-        memquota::set_heap_bytes(HeapBytes { committed: 8 * MIB as u64, used: 4 * MIB as u64 })
-    });
+    memquota::on_reclaim(|_| memquota::set_heap_bytes(HeapBytes::new(8 * MIB as u64, 4 * MIB as u64)));
     let before = memquota::stats();
     assert!(try_alloc(20 * MIB).is_some(), "the GC shrank the heap, so there is room");
     let after = memquota::stats();
     assert_eq!(after.reclaims_sync, before.reclaims_sync + 1);
     assert_eq!(after.reclaimed_bytes - before.reclaimed_bytes, 40 * MIB as u64, "freed = heap shrink");
     assert_eq!(after.ooms, before.ooms);
-    memquota::heap_probe(HeapProbe::None);
+    memquota::set_heap_probe(HeapProbe::None);
 }
 
 fn callback_may_allocate_without_recursing() {
@@ -202,7 +199,7 @@ fn background_reclaim_is_deduplicated() {
     release_tx.send(()).unwrap();
     done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
     drop(held);
-    memquota::flush();
+    memquota::flush_thread();
     let after = memquota::stats();
     assert_eq!(started_rx.try_recv().ok(), None, "a second background reclaim started");
     assert_eq!(after.reclaims_sync, before.reclaims_sync, "nothing waited");

@@ -59,7 +59,7 @@ fn layout(size: u64) -> Layout {
 }
 
 fn native() -> i64 {
-    memquota::flush();
+    memquota::flush_thread();
     memquota::stats().native as i64
 }
 

@@ -9,9 +9,7 @@
 
 mod common;
 
-use memquota::{
-    Config, Error, MemoryManager, OnOom, QuotaAlloc, Reservation, ScopeHandle, ScopeStats, OWNED_MIN,
-};
+use memquota::{Config, Error, MemoryManager, OnOom, QuotaAlloc, Reservation, ScopeHandle, ScopeStats};
 use std::alloc::Layout;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
@@ -44,13 +42,13 @@ fn free(p: usize, size: usize) {
 
 /// A scope's figures, after flushing the calling thread.
 fn stats(h: ScopeHandle) -> ScopeStats {
-    memquota::flush();
+    memquota::flush_thread();
     mm().snapshot().scopes.into_iter().find(|s| s.handle == h.as_raw()).expect("scope is live")
 }
 
 /// Process native bytes as this thread sees them.
 fn native() -> i64 {
-    memquota::flush();
+    memquota::flush_thread();
     memquota::stats().native as i64
 }
 
@@ -187,7 +185,7 @@ fn a_task_ends_while_its_helper_still_allocates() {
         let g = h.attach().unwrap();
         v.push((alloc(1000), 1000));
         v.push((alloc(BIG), BIG));
-        memquota::flush();
+        memquota::flush_thread();
         s2.wait(); // the task ends now
         s2.wait();
         for i in 0..2000 {
@@ -196,7 +194,7 @@ fn a_task_ends_while_its_helper_still_allocates() {
         }
         v.push((alloc(BIG), BIG));
         v.push((alloc(5000), 5000));
-        memquota::flush();
+        memquota::flush_thread();
         s2.wait(); // checked
         s2.wait();
         for (p, s) in v {
@@ -267,10 +265,10 @@ fn reservations_and_allocations_share_one_account() {
     assert_eq!(native() - n0, 10 << 20);
     let g = scope.attach().unwrap();
     blocks.push((alloc(4 << 20), 4 << 20));
-    memquota::flush();
+    memquota::flush_thread();
     assert_eq!(native() - n0, 10 << 20, "the allocation used the reservation");
     blocks.push((alloc(8 << 20), 8 << 20));
-    memquota::flush();
+    memquota::flush_thread();
     assert_eq!(native() - n0, 12 << 20, "only what passes the reservation is new");
     drop(g);
     let s = stats(h);
@@ -361,7 +359,7 @@ fn spill_order_and_counts() {
         s.end();
     }
     assert!(mm().snapshot().spills >= 6);
-    memquota::set_report_hook(memquota::write_stderr);
+    memquota::set_report_hook(memquota::face::write_stderr);
 }
 
 fn a_spill_callback_must_not_reserve() {
@@ -455,7 +453,7 @@ fn fair_share_with_1_to_8_scopes() {
         }
         first.end();
     }
-    memquota::set_report_hook(memquota::write_stderr);
+    memquota::set_report_hook(memquota::face::write_stderr);
     mm().set_pool(0);
     mm().set_wait(Duration::from_secs(2));
 }
@@ -559,7 +557,7 @@ fn a_refused_reservation_never_aborts() {
     memquota::set_limit(native() as u64 + MIB);
     let got = scope.reserve(64 * MIB);
     memquota::init(Config::new().limit(1 << 50)).unwrap();
-    memquota::set_report_hook(memquota::write_stderr);
+    memquota::set_report_hook(memquota::face::write_stderr);
     assert!(matches!(got, Err(Error::Refused { .. })), "{got:?}");
     assert_eq!(memquota::stats().ooms, ooms + 2, "both counted and reported");
     scope.end();
@@ -579,7 +577,7 @@ fn partial_grants_for_explicit_reservations() {
     a.end();
     b.end();
     mm().set_pool(0);
-    memquota::set_report_hook(memquota::write_stderr);
+    memquota::set_report_hook(memquota::face::write_stderr);
 }
 
 fn main() {
@@ -605,5 +603,5 @@ fn main() {
         ("a_refused_reservation_never_aborts", a_refused_reservation_never_aborts),
         ("partial_grants_for_explicit_reservations", partial_grants_for_explicit_reservations),
     ]);
-    assert!(OWNED_MIN <= BIG as u64);
+    assert!(memquota::face::OWNED_MIN <= BIG as u64);
 }

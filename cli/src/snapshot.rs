@@ -2,6 +2,7 @@
 //! (`memquota::write_prometheus`: the stats file and `GET /metrics`).
 
 use crate::units::bytes;
+use memquota_core::face::metric;
 use prometheus_parse::{Scrape, Value};
 use std::fmt::Write;
 
@@ -48,28 +49,28 @@ impl Snapshot {
             // `as` saturates: NaN and negatives read as 0.
             let value = value as u64;
             let field = match (sample.metric.as_str(), sample.labels.get("kind")) {
-                ("memquota_limit_bytes", _) => &mut s.limit,
-                ("memquota_soft_limit_bytes", _) => &mut s.soft_limit,
-                ("memquota_headroom_bytes", _) => &mut s.headroom,
-                ("memquota_native_bytes", _) => &mut s.native,
-                ("memquota_native_peak_bytes", _) => &mut s.native_peak,
-                ("memquota_overcommit_bytes", _) => &mut s.overcommit,
-                ("memquota_heap_committed_bytes", _) => &mut s.heap_committed,
-                ("memquota_heap_used_bytes", _) => &mut s.heap_used,
-                ("memquota_reclaims_total", Some("sync")) => &mut s.reclaims_sync,
-                ("memquota_reclaims_total", Some("background")) => &mut s.reclaims_background,
-                ("memquota_reclaimed_bytes_total", _) => &mut s.reclaimed_bytes,
-                ("memquota_reclaim_panics_total", _) => &mut s.reclaim_panics,
-                ("memquota_reclaims_throttled_total", _) => &mut s.reclaims_throttled,
-                ("memquota_oom_total", _) => &mut s.ooms,
-                ("memquota_overcommit_total", _) => &mut s.overcommits,
-                ("memquota_error_bound_bytes", _) => &mut s.error_bound,
-                ("memquota_jemalloc_allocated_bytes", _) => &mut s.jemalloc_allocated,
-                ("memquota_jemalloc_active_bytes", _) => &mut s.jemalloc_active,
-                ("memquota_jemalloc_resident_bytes", _) => &mut s.jemalloc_resident,
-                ("memquota_jemalloc_retained_bytes", _) => &mut s.jemalloc_retained,
-                ("memquota_process_rss_bytes", _) => &mut s.process_rss,
-                ("memquota_untracked_bytes", _) => &mut s.untracked,
+                (metric::LIMIT_BYTES, _) => &mut s.limit,
+                (metric::SOFT_LIMIT_BYTES, _) => &mut s.soft_limit,
+                (metric::HEADROOM_BYTES, _) => &mut s.headroom,
+                (metric::NATIVE_BYTES, _) => &mut s.native,
+                (metric::NATIVE_PEAK_BYTES, _) => &mut s.native_peak,
+                (metric::OVERCOMMIT_BYTES, _) => &mut s.overcommit,
+                (metric::HEAP_COMMITTED_BYTES, _) => &mut s.heap_committed,
+                (metric::HEAP_USED_BYTES, _) => &mut s.heap_used,
+                (metric::RECLAIMS_TOTAL, Some("sync")) => &mut s.reclaims_sync,
+                (metric::RECLAIMS_TOTAL, Some("background")) => &mut s.reclaims_background,
+                (metric::RECLAIMED_BYTES_TOTAL, _) => &mut s.reclaimed_bytes,
+                (metric::RECLAIM_PANICS_TOTAL, _) => &mut s.reclaim_panics,
+                (metric::RECLAIMS_THROTTLED_TOTAL, _) => &mut s.reclaims_throttled,
+                (metric::OOM_TOTAL, _) => &mut s.ooms,
+                (metric::OVERCOMMIT_TOTAL, _) => &mut s.overcommits,
+                (metric::ERROR_BOUND_BYTES, _) => &mut s.error_bound,
+                (metric::JEMALLOC_ALLOCATED_BYTES, _) => &mut s.jemalloc_allocated,
+                (metric::JEMALLOC_ACTIVE_BYTES, _) => &mut s.jemalloc_active,
+                (metric::JEMALLOC_RESIDENT_BYTES, _) => &mut s.jemalloc_resident,
+                (metric::JEMALLOC_RETAINED_BYTES, _) => &mut s.jemalloc_retained,
+                (metric::PROCESS_RSS_BYTES, _) => &mut s.process_rss,
+                (metric::UNTRACKED_BYTES, _) => &mut s.untracked,
                 _ => continue,
             };
             *field = value;

@@ -5,36 +5,26 @@ use std::time::Duration;
 /// Checks a `--limit` with the core's `parse_limit`, the parser `MEMQUOTA_LIMIT` goes
 /// through. Returns the text unchanged, for the preload to read.
 pub fn parse_limit(s: &str) -> Result<String, String> {
-    match memquota_core::parse_limit(s.trim()) {
+    match memquota_core::face::parse_limit(s.trim()) {
         Some(_) => Ok(s.trim().to_string()),
         None => Err("expected a size above zero (512m, 2g, 1073741824) or a percentage of RAM (75%)".into()),
     }
 }
 
 /// The least interval the preload accepts for `MEMQUOTA_STATS_INTERVAL`.
-pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+pub const MIN_INTERVAL: Duration = memquota_core::face::MIN_STATS_INTERVAL;
 
 /// `250ms`, `2s` or bare milliseconds (the core's `parse_duration`), at least 10ms.
 pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    match memquota_core::parse_duration(s) {
+    match memquota_core::face::parse_duration(s) {
         Some(d) if d >= MIN_INTERVAL => Ok(d),
         _ => Err("expected a duration of at least 10ms (100ms, 2s)".into()),
     }
 }
 
-/// `512 B`, `4.0 KiB`, `12.3 MiB`, `2.0 GiB`.
+/// `512 B`, `4.0 KiB`, `12.3 MiB`, `2.0 GiB`: the core's byte format, short form.
 pub fn bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if b < 1024 {
-        return format!("{b} B");
-    }
-    let mut v = b as f64 / 1024.0;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < UNITS.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    format!("{v:.1} {}", UNITS[unit])
+    format!("{:#}", memquota_core::face::Size(b))
 }
 
 /// Bytes as MiB, for the plot's axis.

@@ -71,7 +71,7 @@ pub extern "system" fn Java_JniDemo_release(_: JNIEnv, _: JClass) {
 /// `JniDemo.statsJson()`: this library's budget as JSON.
 #[no_mangle]
 pub extern "system" fn Java_JniDemo_statsJson(env: JNIEnv, _: JClass) -> jstring {
-    memquota::flush();
+    memquota::flush_thread();
     let mut json = String::with_capacity(2048);
     let _ = memquota::write_json(&mut json, &memquota::stats());
     env.new_string(json).map_or(std::ptr::null_mut(), |s| s.into_raw())
@@ -92,7 +92,7 @@ pub extern "system" fn Java_JniDemo_syncReclaims(_: JNIEnv, _: JClass) -> jlong 
 /// `JniDemo.nativeBytes()`: this library's tracked native bytes, flushed first.
 #[no_mangle]
 pub extern "system" fn Java_JniDemo_nativeBytes(_: JNIEnv, _: JClass) -> jlong {
-    memquota::flush();
+    memquota::flush_thread();
     jlong::try_from(memquota::stats().native).unwrap_or(jlong::MAX)
 }
 
@@ -107,5 +107,5 @@ pub extern "system" fn Java_JniDemo_setLimit(_: JNIEnv, _: JClass, bytes: jlong)
 #[no_mangle]
 pub extern "system" fn Java_JniDemo_pushHeap(_: JNIEnv, _: JClass, committed: jlong, used: jlong) {
     let bytes = |v: jlong| u64::try_from(v).unwrap_or(0);
-    memquota::set_heap_bytes(memquota::HeapBytes { committed: bytes(committed), used: bytes(used) });
+    memquota::set_heap_bytes(memquota::HeapBytes::new(bytes(committed), bytes(used)));
 }

@@ -48,7 +48,7 @@ fn heap(env: &mut JNIEnv) -> HeapBytes {
     let free = env.call_method(&rt, "freeMemory", "()J", &[]).and_then(|v| v.j()).expect("freeMemory");
     env.delete_local_ref(rt).expect("delete_local_ref");
     let committed = u64::try_from(total).expect("totalMemory >= 0");
-    HeapBytes { committed, used: committed - u64::try_from(free).expect("freeMemory >= 0") }
+    HeapBytes::new(committed, committed - u64::try_from(free).expect("freeMemory >= 0"))
 }
 
 /// Makes `CHUNKS` 64 KiB arrays, all live at once in one `byte[][]` so the heap must
@@ -88,7 +88,7 @@ fn main() {
     // The budget judges the next request by these figures, not by the driver's last
     // poll.
     memquota::set_heap_bytes(before);
-    memquota::flush();
+    memquota::flush_thread();
     let limit = memquota::stats().native + before.committed + HEADROOM;
     memquota::set_limit(limit);
 

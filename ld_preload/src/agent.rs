@@ -17,6 +17,7 @@
 use crate::init;
 use jni::sys::{jclass, jint, jmethodID, jobject as jthread, JNIEnv, JavaVM, JNI_ERR, JNI_OK};
 use libc::{c_char, c_int, c_uchar, c_void};
+use memquota_core::face::vars;
 use memquota_core::{Config, Enforcement, Error};
 use std::ffi::CStr;
 
@@ -40,11 +41,11 @@ const CALLBACK_SLOTS: usize = 37;
 
 /// The agent's options and the settings they stand for.
 const OPTIONS: [(&str, &str); 5] = [
-    ("limit", "MEMQUOTA_LIMIT"),
-    ("heap", "MEMQUOTA_HEAP"),
-    ("soft", "MEMQUOTA_SOFT_RATIO"),
-    ("on_oom", "MEMQUOTA_ON_OOM"),
-    ("refuse_min", memquota_core::REFUSE_MIN_VAR),
+    ("limit", vars::LIMIT),
+    ("heap", vars::HEAP),
+    ("soft", vars::SOFT_RATIO),
+    ("on_oom", vars::ON_OOM),
+    ("refuse_min", vars::REFUSE_MIN),
 ];
 const STATS_FILE_OPTION: &str = "stats_file";
 
@@ -73,18 +74,18 @@ pub unsafe extern "system" fn Agent_OnLoad(vm: *mut JavaVM, options: *const c_ch
         unsafe { CStr::from_ptr(options) }.to_string_lossy().into_owned()
     };
     if !preloaded() {
-        memquota_core::write_stderr(&not_preloaded_message());
+        memquota_core::face::write_stderr(&not_preloaded_message());
         return JNI_ERR;
     }
     if let Err(message) = configure(&options) {
-        memquota_core::write_stderr(&format!("{message}\n"));
+        memquota_core::face::write_stderr(&format!("{message}\n"));
         return JNI_ERR;
     }
     // SAFETY: `vm` is the JVM's own pointer, valid during Agent_OnLoad.
     match unsafe { hook_events(vm) } {
         Ok(()) => JNI_OK,
         Err(why) => {
-            memquota_core::write_stderr(&format!("memquota agent: {why}\n"));
+            memquota_core::face::write_stderr(&format!("memquota agent: {why}\n"));
             JNI_ERR
         }
     }
@@ -210,10 +211,10 @@ extern "system" fn vm_init(_: Jvmti, jni: *mut JNIEnv, _: jthread) {
     // SAFETY: the JVM passes the VM-init thread's live JNIEnv.
     let Ok(mut env) = (unsafe { jni::JNIEnv::from_raw(jni) }) else { return };
     if let Err(e) = memquota_core::jvm::install(&mut env) {
-        memquota_core::write_stderr(&format!("{e}\n"));
+        memquota_core::face::write_stderr(&format!("{e}\n"));
     }
     if !crate::jvm_gate::installed() {
-        memquota_core::write_stderr(
+        memquota_core::face::write_stderr(
             "memquota: warning: Unsafe.allocateMemory could not be gated: native memory is counted but no request is refused\n",
         );
     }

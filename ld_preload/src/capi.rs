@@ -2,7 +2,8 @@
 
 use crate::tls::FACE;
 use libc::{c_char, c_int, c_void, size_t};
-use memquota_core::{face, Error, HeapBytes, SliceWriter};
+use memquota_core::face::{self, SliceWriter};
+use memquota_core::{Error, HeapBytes};
 use std::ffi::CStr;
 use std::fmt::Write;
 
@@ -35,7 +36,7 @@ pub unsafe extern "C" fn memquota_stats_json(buf: *mut c_char, len: size_t) -> s
 /// Sets the heap figures that count against the budget (from a JVM, say).
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_set_heap_bytes(committed: u64, used: u64) {
-    memquota_core::set_heap_bytes(HeapBytes { committed, used });
+    memquota_core::set_heap_bytes(HeapBytes::new(committed, used));
 }
 
 /// Sets the limit in bytes. Returns 0, or `EINVAL` for 0.

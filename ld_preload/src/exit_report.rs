@@ -15,8 +15,7 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
-const REPORT: &str = "MEMQUOTA_REPORT";
-const REPORT_PID: &str = "MEMQUOTA_REPORT_PID";
+use memquota_core::face::vars::{REPORT, REPORT_PID};
 
 /// Which processes print the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,8 +13,7 @@ use std::time::Duration;
 /// (bounded over-commit instead). See docs/preload.md for the measurement behind it.
 const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
 
-const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
-const STATS_INTERVAL: &str = "MEMQUOTA_STATS_INTERVAL";
+use memquota_core::face::vars::{STATS_FILE, STATS_INTERVAL};
 
 #[used]
 #[link_section = ".init_array"]
@@ -37,7 +36,7 @@ static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 fn fail(message: &str) -> ! {
-    memquota_core::write_stderr(&format!("{message}\n"));
+    memquota_core::face::write_stderr(&format!("{message}\n"));
     // SAFETY: _exit has no preconditions; no atexit handler may run half-configured.
     unsafe { libc::_exit(2) }
 }
@@ -50,7 +49,9 @@ pub(crate) fn with_preload_defaults(
     get: impl Fn(&'static str) -> Option<String>,
 ) -> impl Fn(&'static str) -> Option<String> {
     move |var| {
-        get(var).or_else(|| (var == memquota_core::REFUSE_MIN_VAR).then(|| DEFAULT_REFUSE_MIN.to_string()))
+        get(var).or_else(|| {
+            (var == memquota_core::face::vars::REFUSE_MIN).then(|| DEFAULT_REFUSE_MIN.to_string())
+        })
     }
 }
 
@@ -77,7 +78,7 @@ extern "C" fn on_load() {
                 other => other.to_string(),
             };
             let pid = std::process::id();
-            memquota_core::write_stderr(&format!(
+            memquota_core::face::write_stderr(&format!(
                 "memquota: metrics endpoint not started in pid {pid}: {why}\n"
             ));
         }
@@ -119,30 +120,15 @@ fn register_at_exit() {
     }
 }
 
-/// What `dladdr` says of `addr`, if it lies in a loaded object.
-fn dl_info(addr: *const libc::c_void) -> Option<libc::Dl_info> {
-    let mut info = libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr reads only `addr`'s value and writes the valid out-pointer.
-    let found = unsafe { libc::dladdr(addr, &mut info) };
-    (found != 0).then_some(info)
-}
-
 /// The load address of the object that contains `addr`.
 pub(crate) fn object_base(addr: *const libc::c_void) -> Option<usize> {
-    dl_info(addr).map(|info| info.dli_fbase as usize)
+    face::object_of(addr as usize).map(|(base, _)| base)
 }
 
 /// The path this library was loaded from, as the dynamic linker saw it.
 pub(crate) fn own_path() -> Option<String> {
-    let info = dl_info(own_path as *const libc::c_void).filter(|i| !i.dli_fname.is_null())?;
-    // SAFETY: dladdr returns a NUL-terminated path that lives as long as the library.
-    let path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
-    std::fs::canonicalize(path.to_string_lossy().as_ref()).ok().map(|p| p.to_string_lossy().into_owned())
+    let (_, path) = face::object_of(own_path as *const () as usize)?;
+    std::fs::canonicalize(path?).ok().map(|p| p.to_string_lossy().into_owned())
 }
 
 fn read_settings() -> Result<Settings, String> {
@@ -158,7 +144,7 @@ fn read_settings() -> Result<Settings, String> {
 }
 
 fn parse_interval(v: &str) -> Option<Duration> {
-    memquota_core::parse_duration(v).filter(|d| *d >= Duration::from_millis(10))
+    face::parse_duration(v).filter(|d| *d >= face::MIN_STATS_INTERVAL)
 }
 
 /// Writes the Prometheus text to the stats file atomically: a temporary file, then a
@@ -186,31 +172,28 @@ extern "C" fn at_exit() {
     exit_report::write_at_exit(|| summary(&memquota_core::stats()));
 }
 
-fn mib(b: u64) -> String {
-    if b == u64::MAX {
-        "unlimited".into()
-    } else {
-        format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
-    }
+/// A byte count for the summary: `64.0 MiB`.
+fn size(b: u64) -> String {
+    format!("{:#}", face::Size(b))
 }
 
 fn summary(s: &Stats) -> String {
     format!(
         "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  reclaims       {} sync, {} background, freed {}\n  refusals       {} ({} full reports)\n  over-commit    {} grants past the limit\n  process RSS    {} ({} untracked)\n",
         std::process::id(),
-        mib(s.limit),
-        mib(s.native),
-        mib(s.native_peak),
-        mib(s.heap.committed),
-        mib(s.heap.used),
+        size(s.limit),
+        size(s.native),
+        size(s.native_peak),
+        size(s.heap.committed),
+        size(s.heap.used),
         s.reclaims_sync,
         s.reclaims_background,
-        mib(s.reclaimed_bytes),
+        size(s.reclaimed_bytes),
         s.ooms,
         s.reports,
         s.overcommits,
-        mib(s.process_rss),
-        mib(s.untracked()),
+        size(s.process_rss),
+        size(s.untracked()),
     )
 }
 

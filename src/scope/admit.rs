@@ -5,86 +5,14 @@
 //! marks it): spill callbacks and reclaims may allocate, charged and never policed.
 //! No lock is held across a callback, a wait, or the process admission.
 
-use super::pool::{Ask, Decision, POOL};
 use super::spill::{self, Cursor};
+use crate::admission;
 use crate::config::OnOom;
-use crate::engine;
 use crate::ledger::{self, Face, Local, ACCOUNT};
-use crate::sync::{lock, ForkHeld};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
-
-/// Requests in flight that may wait; a free wakes waiters only when there are any.
-static WAITERS: AtomicU32 = AtomicU32::new(0);
-/// Bumped by a free while someone may wait.
-static FREE_GEN: AtomicU64 = AtomicU64::new(0);
-// std's futex-based lock and condvar: they never allocate.
-static WAIT: Mutex<()> = Mutex::new(());
-static FREED: Condvar = Condvar::new();
-static WAIT_HELD: ForkHeld<MutexGuard<'static, ()>> = ForkHeld::new();
-/// The longest a request waits for its fair share, in milliseconds.
-static WAIT_MS: AtomicU64 = AtomicU64::new(2000);
-/// The scope whose request is being refused (for the report).
-pub(crate) static REFUSING: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn set_wait(d: Duration) {
-    WAIT_MS.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Relaxed);
-}
-
-/// The wait lock's part of a fork's prepare handler.
-pub(crate) fn before_fork() {
-    // SAFETY: a guard of WAIT, just taken.
-    unsafe { WAIT_HELD.keep(lock(&WAIT)) };
-}
-
-/// The wait lock's part of a fork's parent and child handlers. In the child no
-/// request waits: the threads that did are gone.
-///
-/// # Safety
-/// On the thread whose prepare handler called [`before_fork`], once.
-pub(crate) unsafe fn after_fork(child: bool) {
-    if child {
-        WAITERS.store(0, SeqCst);
-    }
-    // SAFETY: forwarded contract.
-    unsafe { WAIT_HELD.release() };
-}
-
-/// Called after a scope's charge went down: wakes requests waiting for their share.
-pub(crate) fn wake() {
-    if WAITERS.load(SeqCst) > 0 {
-        FREE_GEN.fetch_add(1, SeqCst);
-        let _g = lock(&WAIT);
-        FREED.notify_all();
-    }
-}
-
-fn wait_for_free(seen: u64, deadline: Instant) {
-    let mut g = lock(&WAIT);
-    while FREE_GEN.load(SeqCst) == seen {
-        let now = Instant::now();
-        if now >= deadline {
-            break;
-        }
-        g = crate::sync::wait_timeout(&FREED, g, deadline - now);
-    }
-}
-
-struct Waiter;
-
-impl Waiter {
-    fn new() -> Waiter {
-        WAITERS.fetch_add(1, SeqCst);
-        Waiter
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        WAITERS.fetch_sub(1, SeqCst);
-    }
-}
+use crate::tables::pool::{Ask, Decision, POOL};
+use crate::tables::set_refusing;
+use crate::tables::signal::{self, Waiter};
+use std::time::Instant;
 
 pub(crate) enum Outcome {
     Granted(u64),
@@ -109,7 +37,7 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
     loop {
         // What a spill freed on this thread shows up here.
         ACCOUNT.add(ledger::settle(l, face));
-        let seen = FREE_GEN.load(SeqCst);
+        let seen = signal::generation();
         let decision = POOL.lock().try_grant(handle, ask, false, !waited_out);
         let (gap, short) = match decision {
             Decision::Ended => return Outcome::Ended,
@@ -126,9 +54,8 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
                     continue;
                 }
                 let Some((_, deadline)) = waiter else {
-                    // Register, then look again: a free from now on bumps FREE_GEN.
-                    let bound = Duration::from_millis(WAIT_MS.load(Relaxed));
-                    waiter = Some((Waiter::new(), Instant::now() + bound));
+                    // Register, then look again: a free from now on moves the generation.
+                    waiter = Some((Waiter::new(), Instant::now() + signal::wait_bound()));
                     continue;
                 };
                 if Instant::now() >= deadline {
@@ -136,7 +63,7 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
                     continue;
                 }
                 POOL.lock().note_wait(handle);
-                wait_for_free(seen, deadline);
+                signal::wait_for_free(seen, deadline);
                 continue;
             }
             Decision::Wait { gap } | Decision::Short { gap } => (gap, Short::Scope),
@@ -168,7 +95,7 @@ fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
         ACCOUNT.add(dh);
         return true;
     }
-    if engine::fits(dh) {
+    if admission::fits(dh) {
         return true;
     }
     let undo = POOL.lock().apply(handle, ask, granted, -1);
@@ -190,9 +117,9 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcom
                 ACCOUNT.add(dh);
                 return Outcome::Granted(granted);
             }
-            REFUSING.store(handle, Relaxed);
-            if engine::admit_as(l, face, dh, worst(ask)) {
-                REFUSING.store(0, Relaxed);
+            set_refusing(handle);
+            if admission::admit_as(l, face, dh, worst(ask)) {
+                set_refusing(0);
                 return Outcome::Granted(granted);
             }
             let undo = POOL.lock().apply(handle, ask, granted, -1);
@@ -202,8 +129,8 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcom
         }
     }
     POOL.lock().note_refusal(handle);
-    REFUSING.store(handle, Relaxed);
-    engine::refuse(i64::try_from(ask.bytes()).unwrap_or(i64::MAX), None, worst(ask));
+    set_refusing(handle);
+    admission::refuse(i64::try_from(ask.bytes()).unwrap_or(i64::MAX), None, worst(ask));
     Outcome::Refused
 }
 

@@ -1,8 +1,8 @@
 //! A scope's figures: stats snapshots for export and the report a scope leaves when
 //! it ends. Built from copies taken under the pool lock; formatted outside it.
 
-use super::owner;
-use super::pool::{self, Scope, MAX_CONSUMERS, MAX_SCOPES, POOL};
+use crate::tables::owner;
+use crate::tables::pool::{self, Scope, MAX_CONSUMERS, MAX_SCOPES, POOL};
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -40,6 +40,7 @@ pub(crate) fn snapshot() -> ScopeSnapshot {
 
 /// One scope's figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ScopeStats {
     /// The raw handle.
     pub handle: u64,
@@ -93,6 +94,7 @@ impl ScopeStats {
 
 /// One consumer's figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConsumerStats {
     /// The name given at registration.
     pub name: String,
@@ -120,6 +122,7 @@ impl ConsumerStats {
 
 /// Every live scope and the manager's totals.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ScopeSnapshot {
     /// The execution pool the fair share divides.
     pub pool: u64,
@@ -151,6 +154,7 @@ pub struct ScopeSnapshot {
 
 /// What a scope still held when it ended.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ScopeReport {
     /// The scope's name.
     pub name: String,
@@ -189,7 +193,7 @@ impl ScopeReport {
 
 impl fmt::Display for ScopeReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        use crate::report::Size;
+        use crate::text::Size;
         write!(f, "memquota: scope {:?} (id {}) ended", self.name, self.id)?;
         if !self.is_leak() {
             return write!(f, " holding nothing (peak {})", Size(self.peak));

@@ -4,12 +4,11 @@
 //! once the scope ends.
 
 use super::figures::{snapshot, ConsumerStats, ScopeReport, ScopeStats};
-use super::pool::POOL;
 use super::spill::{self, SpillFn};
 use super::{attach_raw, detach_raw, end_raw, release_raw, reserve_raw};
-use crate::engine;
 use crate::error::{Error, Result};
 use crate::ledger::Face;
+use crate::tables::pool::POOL;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -136,7 +135,7 @@ impl ScopeHandle {
     /// # Errors
     /// [`Error::ScopeEnded`].
     pub fn attach(self) -> Result<AttachGuard> {
-        let face = engine::face();
+        let face = crate::ledger::face();
         let prev = attach_raw(face, self.0)?;
         Ok(AttachGuard { face, prev, _not_send: PhantomData })
     }
@@ -149,7 +148,7 @@ impl ScopeHandle {
     /// [`Error::Refused`] (with an OOM report), [`Error::ScopeEnded`],
     /// [`Error::ReserveInSpill`].
     pub fn reserve(self, bytes: u64) -> Result<Reservation> {
-        reserve_raw(engine::face(), self.0, bytes, 0, false).map(|g| Reservation::new(self, 0, g))
+        reserve_raw(crate::ledger::face(), self.0, bytes, 0, false).map(|g| Reservation::new(self, 0, g))
     }
 
     /// Reserves up to `bytes`: the most the fair share allows once spills are
@@ -158,7 +157,7 @@ impl ScopeHandle {
     /// # Errors
     /// As [`reserve`](Self::reserve).
     pub fn reserve_up_to(self, bytes: u64) -> Result<Reservation> {
-        reserve_raw(engine::face(), self.0, bytes, 0, true).map(|g| Reservation::new(self, 0, g))
+        reserve_raw(crate::ledger::face(), self.0, bytes, 0, true).map(|g| Reservation::new(self, 0, g))
     }
 }
 
@@ -233,7 +232,7 @@ impl Consumer {
     /// # Errors
     /// As [`ScopeHandle::reserve`].
     pub fn reserve(self, bytes: u64) -> Result<Reservation> {
-        reserve_raw(engine::face(), self.scope.0, bytes, self.key, false)
+        reserve_raw(crate::ledger::face(), self.scope.0, bytes, self.key, false)
             .map(|g| Reservation::new(self.scope, self.key, g))
     }
 
@@ -242,7 +241,7 @@ impl Consumer {
     /// # Errors
     /// As [`ScopeHandle::reserve`].
     pub fn reserve_up_to(self, bytes: u64) -> Result<Reservation> {
-        reserve_raw(engine::face(), self.scope.0, bytes, self.key, true)
+        reserve_raw(crate::ledger::face(), self.scope.0, bytes, self.key, true)
             .map(|g| Reservation::new(self.scope, self.key, g))
     }
 

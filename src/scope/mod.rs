@@ -18,72 +18,30 @@
 mod admit;
 mod figures;
 mod handles;
-mod lock;
-mod owner;
-mod pool;
 mod spill;
 
 pub use figures::{ConsumerStats, ScopeReport, ScopeSnapshot, ScopeStats};
 pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
-pub use owner::OWNED_MIN;
-pub use pool::{MAX_CONSUMERS, MAX_SCOPES};
-pub use spill::SpillFn;
 
-use crate::engine;
 use crate::error::{Error, Result};
 use crate::ledger::{self, Face, ACCOUNT};
-use pool::{Ask, POOL};
-use std::fmt;
+use crate::tables::pool::{Ask, POOL};
+use crate::tables::{attribute, owner, signal, OWNED_MIN};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
-
-/// Adds `d` bytes of a thread in scope `handle` (0: none) to that scope; returns the
-/// change the process account must see. On the slow path only.
-pub(crate) fn attribute(handle: u64, d: i64) -> i64 {
-    if handle == 0 || d == 0 {
-        return d;
-    }
-    let dh = POOL.lock().attribute(handle, d);
-    if d < 0 {
-        admit::wake();
-    }
-    dh
-}
-
-/// Scopes begun so far.
-pub(crate) fn begun() -> u64 {
-    pool::BEGUN.load(Relaxed)
-}
-
-/// A thread left scope `handle` by exiting.
-pub(crate) fn thread_exited(handle: u64) {
-    if handle != 0 {
-        POOL.lock().detach(handle);
-    }
-}
 
 /// A charge of `bytes` on a thread attached to `handle`, from `charge_slow` (busy).
 pub(crate) fn admit_attached(l: &ledger::Local, face: &Face, handle: u64, bytes: i64) -> bool {
     match admit::acquire(l, face, handle, Ask::Alloc(bytes as u64), false) {
         admit::Outcome::Granted(_) => true,
         admit::Outcome::Refused => false,
-        admit::Outcome::Ended => engine::admit(l, face, bytes),
+        admit::Outcome::Ended => crate::admission::admit(l, face, bytes),
     }
-}
-
-/// The scope tree for the OOM report.
-pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
-    let refusing = admit::REFUSING.swap(0, Relaxed);
-    let p = POOL.lock();
-    if let Some(s) = p.scope(refusing) {
-        writeln!(w, "  refused for scope {:?} (id {})", s.name, s.id)?;
-    }
-    p.write_tree(w)
 }
 
 /// The scopes' part of a fork's prepare handler: takes their locks.
 pub(crate) fn before_fork() {
-    admit::before_fork();
+    signal::before_fork();
     POOL.hold_for_fork();
     owner::before_fork();
     spill::before_fork();
@@ -101,7 +59,7 @@ pub(crate) unsafe fn after_fork(child: bool) {
         spill::after_fork(child);
         owner::after_fork();
         POOL.force_unlock();
-        admit::after_fork(child);
+        signal::after_fork(child);
     }
 }
 
@@ -110,7 +68,7 @@ pub(crate) unsafe fn after_fork(child: bool) {
 /// After a block of `size` bytes at `ptr` was allocated through the slow path: gives
 /// it an owner record if it is big (a no-op otherwise, and before any scope exists).
 pub fn note_alloc(face: &'static Face, ptr: usize, size: u64) {
-    if size < OWNED_MIN || !pool::SCOPES_USED.load(Relaxed) {
+    if size < OWNED_MIN || !crate::tables::pool::SCOPES_USED.load(Relaxed) {
         return;
     }
     let handle = (face.local)().map_or(0, ledger::scope_of);
@@ -191,12 +149,12 @@ impl MemoryManager {
     /// The longest a request below its minimum share waits for memory to be freed
     /// (default 2 s).
     pub fn set_wait(&self, wait: Duration) {
-        admit::set_wait(wait);
+        signal::set_wait(wait);
     }
 
     /// The calling thread's scope, if it is attached to a live one.
     pub fn current(&self) -> Option<ScopeHandle> {
-        let handle = (engine::face().local)().map_or(0, ledger::scope_of);
+        let handle = (crate::ledger::face().local)().map_or(0, ledger::scope_of);
         POOL.lock().scope(handle).is_some().then_some(ScopeHandle::from_raw(handle))
     }
 
@@ -233,7 +191,7 @@ pub fn end_raw(handle: u64) -> Result<ScopeReport> {
         p.end(handle).ok_or(Error::ScopeEnded)?
     };
     ACCOUNT.add(delta);
-    admit::wake();
+    signal::wake();
     if !consumers.is_empty() {
         spill::forget_dead();
     }
@@ -296,7 +254,7 @@ pub fn reserve_raw(
         return Err(Error::ReserveInSpill { requested: bytes });
     }
     if face.configure_from_env {
-        engine::ensure_configured();
+        crate::settings::ensure_configured();
     }
     match admit::acquire(l, face, handle, Ask::Reserve { bytes, consumer }, partial) {
         admit::Outcome::Granted(g) => Ok(g),
@@ -309,5 +267,5 @@ pub fn reserve_raw(
 pub fn release_raw(handle: u64, bytes: u64, consumer: u64) {
     let d = POOL.lock().apply(handle, Ask::Reserve { bytes, consumer }, bytes, -1);
     ACCOUNT.add(d);
-    admit::wake();
+    signal::wake();
 }

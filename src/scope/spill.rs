@@ -7,8 +7,8 @@
 //! path: what it allocates is charged but never refused and never waits, and what it
 //! frees or releases is seen at once.
 
-use super::lock::SpinLock;
-use super::pool::{Pool, MAX_CONSUMERS, POOL};
+use crate::tables::pool::{Pool, MAX_CONSUMERS, POOL};
+use crate::tables::spin::SpinLock;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;

@@ -31,39 +31,67 @@
 //! thread that changes scope settles its delta into the old one first, so the fast
 //! path stays exactly as it is.
 
-use crate::account::Account;
-use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+mod rust_tls;
 
-/// The smallest per-thread threshold.
-pub const MIN_THRESHOLD: u64 = 4 << 10;
-/// The largest per-thread threshold.
-pub const MAX_THRESHOLD: u64 = 1 << 20;
+pub(crate) use rust_tls::{with as with_rust_local, RUST_FACE};
+
+use crate::account::Account;
+use crate::settings::threshold;
+use crate::tables;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering::Relaxed};
 
 /// The process's tracked native bytes.
 pub(crate) static ACCOUNT: Account = Account::new();
 /// Threads whose delta may be non-zero: registered and not yet exited.
 static LIVE_THREADS: AtomicI64 = AtomicI64::new(0);
-/// The threshold handed to a thread at its next flush.
-static THRESHOLD: AtomicU64 = AtomicU64::new(MIN_THRESHOLD);
 /// The sum of the live threads' allowances (their slack when not tight): the bound on
 /// the unflushed error and on how far past the limit flushes can take the account.
 /// After a `fork` it keeps the allowances of the threads that did not survive it:
 /// what they had not flushed is in the child's memory, uncounted.
 static SLACK_SUM: AtomicU64 = AtomicU64::new(0);
+/// Grants that left native plus heap past the limit.
+static OVERCOMMITS: AtomicU64 = AtomicU64::new(0);
+/// The face whose threads the background worker, `flush_thread` and the fork handlers
+/// use: the last one seen on the slow path, or the one adopted; the Rust face until
+/// then.
+static FACE: AtomicPtr<Face> = AtomicPtr::new(&RUST_FACE as *const Face as *mut Face);
 
-/// The threshold for a limit of `limit` bytes.
-pub fn threshold_for(limit: u64) -> u64 {
-    (limit / 4096).clamp(MIN_THRESHOLD, MAX_THRESHOLD)
+/// Makes `face` the process's face (see [`FACE`]).
+pub(crate) fn adopt(face: &'static Face) {
+    if !std::ptr::eq(FACE.load(Relaxed), face) {
+        FACE.store(face as *const Face as *mut Face, Relaxed);
+    }
 }
 
-/// Publishes the threshold threads pick up at their next flush.
-pub(crate) fn set_threshold(t: u64) {
-    THRESHOLD.store(t, Relaxed);
+/// The process's face (see [`FACE`]).
+pub(crate) fn face() -> &'static Face {
+    // SAFETY: FACE only ever holds pointers to `&'static Face` values.
+    unsafe { &*FACE.load(Relaxed) }
 }
 
-pub(crate) fn threshold() -> u64 {
-    THRESHOLD.load(Relaxed)
+/// The calling thread's state under the process's face.
+pub(crate) fn this_thread() -> Option<&'static Local> {
+    (face().local)()
+}
+
+/// Exempts the calling thread from the policy for the rest of its life: its
+/// allocations are charged but never refused and never wait for a reclaim. For
+/// memquota's own service threads.
+pub(crate) fn exempt_this_thread() {
+    if let Some(l) = this_thread() {
+        std::mem::forget(enter(l));
+    }
+}
+
+/// Counts a grant that left native plus heap past the limit.
+pub(crate) fn note_overcommit() {
+    OVERCOMMITS.fetch_add(1, Relaxed);
+}
+
+/// Grants so far that left native plus heap past the limit.
+pub(crate) fn overcommits() -> u64 {
+    OVERCOMMITS.load(Relaxed)
 }
 
 pub(crate) fn live_threads() -> u64 {
@@ -223,7 +251,7 @@ pub(crate) fn settle(l: &Local, face: &Face) -> i64 {
     }
     let d = take_delta(l);
     set_allowance(l, if l.phase.get() == Phase::Live { threshold() } else { 0 });
-    crate::scope::attribute(l.scope.get(), d)
+    tables::attribute(l.scope.get(), d)
 }
 
 /// Ends a slow path: takes the delta (what the thread's own callbacks allocated on
@@ -233,7 +261,7 @@ pub(crate) fn rearm(l: &Local, over: bool) -> i64 {
     let d = take_delta(l);
     l.tight.set(over);
     set_allowance(l, l.allowance.get());
-    crate::scope::attribute(l.scope.get(), d)
+    tables::attribute(l.scope.get(), d)
 }
 
 /// Records that a gate charged `bytes` to the account for the allocation that
@@ -263,7 +291,7 @@ pub(crate) fn scope_of(l: &Local) -> u64 {
 /// Attributes `bytes` charged on the slow path to the thread's scope; returns the
 /// change the process account must see.
 pub(crate) fn attribute(l: &Local, bytes: i64) -> i64 {
-    crate::scope::attribute(l.scope.get(), bytes)
+    tables::attribute(l.scope.get(), bytes)
 }
 
 /// Moves the thread to scope `to`, settling its delta into the scope it leaves (and
@@ -281,8 +309,8 @@ pub fn thread_exit(l: &Local) {
     }
     let scope = l.scope.replace(0);
     let prepaid = i64::try_from(take_prepaid(l)).unwrap_or(i64::MAX);
-    ACCOUNT.add(crate::scope::attribute(scope, take_delta(l)) - prepaid);
-    crate::scope::thread_exited(scope);
+    ACCOUNT.add(tables::attribute(scope, take_delta(l)) - prepaid);
+    tables::thread_exited(scope);
     l.tight.set(false);
     set_allowance(l, 0);
 }
@@ -312,7 +340,7 @@ fn set_allowance(l: &Local, allowance: u64) {
 
 /// Charges `bytes` from inside our own slow path: straight to the account, no policy.
 pub(crate) fn charge_nested(l: &Local, bytes: i64) {
-    ACCOUNT.add(crate::scope::attribute(l.scope.get(), take_delta(l).wrapping_add(bytes)));
+    ACCOUNT.add(tables::attribute(l.scope.get(), take_delta(l).wrapping_add(bytes)));
 }
 
 /// The thread's unflushed delta in bytes.

@@ -13,8 +13,8 @@
 //! free removed its record, the oldest record for the address is taken first (the
 //! stamp), so at quiescence every record is removed and every scope credited exactly.
 
-use super::lock::SpinLock;
-use crate::ledger::MAX_THRESHOLD;
+use super::spin::SpinLock;
+use crate::quota::MAX_THRESHOLD;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Blocks of at least this many bytes get owner records.

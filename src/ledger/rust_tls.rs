@@ -3,7 +3,7 @@
 //! rust-lang/rust #116390), and a second one with a destructor, touched once per
 //! thread from the slow path, for the exit flush.
 
-use crate::ledger::{self, Face, Local};
+use super::{thread_exit, Face, Local};
 
 thread_local! {
     static LOCAL: Local = const { Local::new() };
@@ -14,7 +14,7 @@ struct ExitFlush;
 
 impl Drop for ExitFlush {
     fn drop(&mut self) {
-        let _ = LOCAL.try_with(ledger::thread_exit);
+        let _ = LOCAL.try_with(thread_exit);
     }
 }
 
@@ -35,14 +35,4 @@ fn local() -> Option<&'static Local> {
 
 fn register_exit() -> bool {
     EXIT_FLUSH.try_with(|_| ()).is_ok()
-}
-
-/// Flushes the calling thread's delta to the process account now.
-pub fn flush() {
-    crate::engine::flush_thread(&RUST_FACE);
-}
-
-/// The calling thread's unflushed delta in bytes (what [`flush`] would move).
-pub fn thread_pending() -> i64 {
-    with(ledger::pending).unwrap_or(0)
 }

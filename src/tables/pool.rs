@@ -9,7 +9,8 @@
 //! plus every scope's `held`, so a change of `held` is the change the process
 //! account must see, and this module returns it to the caller to add.
 
-use super::lock::SpinLock;
+use super::spin::SpinLock;
+use crate::text::SignedSize;
 use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -325,7 +326,7 @@ impl Pool {
     }
 
     pub(crate) fn share(&self) -> Share {
-        let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::engine::limit_bytes() };
+        let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
         Share { pool, active: self.active, held_sum: self.held_sum }
     }
 
@@ -472,9 +473,9 @@ impl Pool {
             w,
             "  scopes           {} active, pool {}, share {} each (min {})",
             self.active,
-            Bytes(share.pool),
-            Bytes(share.max_per()),
-            Bytes(share.min_per())
+            SignedSize(share.pool),
+            SignedSize(share.max_per()),
+            SignedSize(share.min_per())
         )?;
         for (i, s) in self.scopes.iter().enumerate().filter(|(_, s)| s.live) {
             writeln!(
@@ -483,10 +484,10 @@ impl Pool {
                 s.name,
                 s.id,
                 s.priority,
-                Bytes(s.held),
-                Bytes(s.peak),
-                Bytes(s.used),
-                Bytes(s.reserved),
+                SignedSize(s.held),
+                SignedSize(s.peak),
+                SignedSize(s.used),
+                SignedSize(s.reserved),
                 s.attached
             )?;
             for (_, c) in self.consumers_of(i) {
@@ -494,29 +495,14 @@ impl Pool {
                     w,
                     "      consumer {:?}: {} (peak {}), spilled {} times, {}",
                     c.name,
-                    Bytes(c.used),
-                    Bytes(c.peak),
+                    SignedSize(c.used),
+                    SignedSize(c.peak),
                     c.spills,
-                    Bytes(c.spilled as i64)
+                    crate::text::Size(c.spilled)
                 )?;
             }
         }
         Ok(())
-    }
-}
-
-/// Signed bytes for the report, readable.
-pub(crate) struct Bytes(pub(crate) i64);
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 == i64::MAX {
-            return f.write_str("unlimited");
-        }
-        if self.0 < 0 {
-            f.write_char('-')?;
-        }
-        fmt::Display::fmt(&crate::report::Size(self.0.unsigned_abs()), f)
     }
 }
 

@@ -72,7 +72,7 @@ impl<T> SpinLock<T> {
 
 #[cold]
 fn taken_twice() -> ! {
-    crate::report::write_stderr("memquota: bug: a scope-table lock taken twice by one thread; aborting\n");
+    crate::text::write_stderr("memquota: bug: a scope-table lock taken twice by one thread; aborting\n");
     std::process::abort();
 }
 

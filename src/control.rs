@@ -1,0 +1,51 @@
+//! The control functions: configure the budget, check for a second budget in the
+//! process, start the metrics endpoint, install the fork handlers.
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::ledger::{self, Face};
+use std::sync::atomic::{AtomicBool, Ordering::*};
+
+static METRICS_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Configures the budget, overriding what was read from `MEMQUOTA_*` on first use.
+/// May be called again to change it. Starts the metrics endpoint if the
+/// configuration names an address (once per process).
+///
+/// # Errors
+/// [`Error::BadConfig`](crate::Error::BadConfig) for out-of-range values; nothing is
+/// changed then.
+pub fn init(config: Config) -> Result<()> {
+    let limit = config.resolve_limit()?;
+    crate::settings::configure(&config, limit);
+    crate::fork::install();
+    crate::rendezvous::check();
+    if let Some(addr) = config.metrics_addr_setting() {
+        if !METRICS_STARTED.swap(true, AcqRel) {
+            if let Err(e) = crate::endpoint::serve_metrics(addr) {
+                METRICS_STARTED.store(false, Release);
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Flushes the calling thread's unflushed bytes ([`thread_pending`]) to the process
+/// account now.
+pub fn flush_thread() {
+    crate::slow_path::flush_thread(ledger::face());
+}
+
+/// The calling thread's unflushed bytes: allocated minus freed since its last flush,
+/// what [`flush_thread`] would move.
+pub fn thread_pending() -> i64 {
+    ledger::this_thread().map_or(0, ledger::pending)
+}
+
+/// Makes `face` the one the background worker, `flush_thread` and the fork handlers
+/// use, before any of its threads reaches the slow path (a preloaded library's
+/// constructor).
+pub fn adopt(face: &'static Face) {
+    ledger::adopt(face);
+}

@@ -1,0 +1,194 @@
+//! The settings store: what the configuration decided, in atomics the slow path reads
+//! with relaxed loads. A thread that sees a mix of old and new values for one request
+//! decides on a consistent-enough quota, and the next request sees the new one. Also
+//! the first-use configuration from `MEMQUOTA_*`, as jemalloc reads `MALLOC_CONF`.
+
+use crate::config::{Config, HeapMode, OnOom};
+use crate::quota::{threshold_for, Quota, MIN_THRESHOLD};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::*};
+use std::time::Duration;
+
+const UNCONFIGURED: u8 = 0;
+const CONFIGURING: u8 = 1;
+const READY: u8 = 2;
+
+struct Settings {
+    state: AtomicU8,
+    limit: AtomicI64,
+    soft: AtomicI64,
+    /// The per-thread flush threshold threads pick up at their next flush.
+    threshold: AtomicU64,
+    heap_used: AtomicBool,
+    abort: AtomicBool,
+    wait_ms: AtomicU64,
+    interval_ms: AtomicU64,
+    refuse_min: AtomicU64,
+    background_interval_ms: AtomicU64,
+    report_window_ms: AtomicU64,
+    /// `Enforcement::Allocations` when true.
+    police_allocations: AtomicBool,
+}
+
+static SETTINGS: Settings = Settings {
+    state: AtomicU8::new(UNCONFIGURED),
+    limit: AtomicI64::new(i64::MAX),
+    soft: AtomicI64::new(i64::MAX),
+    threshold: AtomicU64::new(MIN_THRESHOLD),
+    heap_used: AtomicBool::new(false),
+    abort: AtomicBool::new(false),
+    wait_ms: AtomicU64::new(5000),
+    interval_ms: AtomicU64::new(10),
+    refuse_min: AtomicU64::new(0),
+    background_interval_ms: AtomicU64::new(0),
+    report_window_ms: AtomicU64::new(1000),
+    police_allocations: AtomicBool::new(true),
+};
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Applies `config` with its limit resolved to `limit` bytes, waiting out a
+/// first-use configuration another thread may be running (it must not overwrite this
+/// one afterwards).
+pub(crate) fn configure(config: &Config, limit: u64) {
+    while SETTINGS
+        .state
+        .compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed)
+        .is_err_and(|s| s == CONFIGURING)
+    {
+        std::thread::yield_now();
+    }
+    apply(config, limit);
+    SETTINGS.state.store(READY, Release);
+}
+
+fn apply(config: &Config, limit: u64) {
+    store_quota(Quota::new(limit, config.soft_ratio_setting()));
+    SETTINGS.heap_used.store(config.heap_setting() == HeapMode::Used, Relaxed);
+    SETTINGS.abort.store(config.on_oom_setting() == OnOom::Abort, Relaxed);
+    SETTINGS.wait_ms.store(ms(config.reclaim_wait_setting()), Relaxed);
+    SETTINGS.interval_ms.store(ms(config.reclaim_interval_setting()), Relaxed);
+    SETTINGS.refuse_min.store(config.refuse_min_setting(), Relaxed);
+    SETTINGS.report_window_ms.store(ms(config.report_window_setting()), Relaxed);
+}
+
+/// Reads `MEMQUOTA_*` the first time any slow path runs. A bad value must never leave
+/// the process silently unlimited: it prints the error and exits with status 2.
+#[inline]
+pub(crate) fn ensure_configured() {
+    if SETTINGS.state.load(Acquire) != READY {
+        configure_from_env();
+    }
+}
+
+#[cold]
+fn configure_from_env() {
+    if SETTINGS.state.compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed).is_err() {
+        return; // configured, or being configured by another thread: unlimited till then
+    }
+    match Config::from_env().and_then(|c| c.resolve_limit().map(|limit| (c, limit))) {
+        Ok((config, limit)) => apply(&config, limit),
+        Err(e) => {
+            crate::text::write_stderr(&format!("{e}\n"));
+            std::process::exit(2);
+        }
+    }
+    SETTINGS.state.store(READY, Release);
+}
+
+/// Changes only the limit, keeping the soft ratio as a fraction of it.
+pub fn set_limit(bytes: u64) {
+    ensure_configured();
+    let old = quota();
+    let ratio = if old.limit == i64::MAX {
+        Config::new().soft_ratio_setting()
+    } else {
+        old.soft as f64 / old.limit as f64
+    };
+    store_quota(Quota::new(bytes, ratio));
+}
+
+fn store_quota(q: Quota) {
+    SETTINGS.limit.store(q.limit, Relaxed);
+    SETTINGS.soft.store(q.soft, Relaxed);
+    SETTINGS.threshold.store(threshold_for(q.limit as u64), Relaxed);
+}
+
+/// The limit and the soft threshold.
+pub(crate) fn quota() -> Quota {
+    Quota { limit: SETTINGS.limit.load(Relaxed), soft: SETTINGS.soft.load(Relaxed) }
+}
+
+/// The per-thread flush threshold.
+pub(crate) fn threshold() -> u64 {
+    SETTINGS.threshold.load(Relaxed)
+}
+
+/// Which heap figure counts.
+pub(crate) fn heap_mode() -> HeapMode {
+    if SETTINGS.heap_used.load(Relaxed) {
+        HeapMode::Used
+    } else {
+        HeapMode::Committed
+    }
+}
+
+/// Whether a refusal aborts (`MEMQUOTA_ON_OOM=abort`).
+pub(crate) fn abort_on_oom() -> bool {
+    SETTINGS.abort.load(Relaxed)
+}
+
+/// The smallest request that may be refused.
+pub(crate) fn refuse_min() -> u64 {
+    SETTINGS.refuse_min.load(Relaxed)
+}
+
+/// How long a request waits for a reclaim another thread runs.
+pub(crate) fn reclaim_wait() -> Duration {
+    Duration::from_millis(SETTINGS.wait_ms.load(Relaxed))
+}
+
+/// The least time between two reclaims.
+pub(crate) fn reclaim_interval() -> Duration {
+    Duration::from_millis(SETTINGS.interval_ms.load(Relaxed))
+}
+
+/// The least time from the end of a reclaim to the start of a background one.
+pub(crate) fn background_interval() -> Duration {
+    Duration::from_millis(SETTINGS.background_interval_ms.load(Relaxed))
+}
+
+/// Spaces background reclaims at least `gap` after the end of the previous reclaim,
+/// for a runtime whose reclaim is costly (the JVM driver sets its own). Synchronous
+/// reclaims keep the configured minimum interval.
+pub(crate) fn set_background_interval(gap: Duration) {
+    SETTINGS.background_interval_ms.store(ms(gap), Relaxed);
+}
+
+/// The OOM report window.
+pub(crate) fn report_window() -> Duration {
+    Duration::from_millis(SETTINGS.report_window_ms.load(Relaxed))
+}
+
+/// Where the budget is enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Enforcement {
+    /// Every allocation may wait for a reclaim and be refused (the default).
+    Allocations,
+    /// Allocations are only counted (and ask for a background reclaim under
+    /// pressure); only explicit gates wait and refuse. For a process whose own threads
+    /// die on a failed malloc, a JVM: its gate is `Unsafe.allocateMemory`, whose
+    /// callers handle the refusal.
+    Gates,
+}
+
+/// Chooses where the budget is enforced.
+pub fn set_enforcement(e: Enforcement) {
+    SETTINGS.police_allocations.store(e == Enforcement::Allocations, Relaxed);
+}
+
+/// Whether allocations themselves are policed ([`Enforcement::Allocations`]).
+pub(crate) fn policing_allocations() -> bool {
+    SETTINGS.police_allocations.load(Relaxed)
+}

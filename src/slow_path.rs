@@ -1,0 +1,143 @@
+//! The slow path: the one entry every face calls when its fast path says no. It
+//! settles the thread's delta, decides (an attached thread's request goes to its
+//! scope's admission, any other to the process budget's), and re-arms the thread:
+//! tight past the limit, loose under it.
+
+use crate::admission::{self, admit, admit_as, count_only, past_ceiling};
+use crate::config::OnOom;
+use crate::ledger::{self, Face, Local, ACCOUNT};
+use crate::settings::{self, ensure_configured, policing_allocations};
+use crate::tables;
+
+/// The slow path of a charge of `bytes` (either sign) on a thread of `face`. Returns
+/// whether the caller may go ahead; only positive charges can be refused.
+#[cold]
+#[inline(never)]
+pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
+    let Some(l) = (face.local)() else {
+        ACCOUNT.add(bytes); // a thread with no state left: counted, never policed
+        return true;
+    };
+    let Some(_busy) = ledger::enter(l) else {
+        ledger::charge_nested(l, bytes);
+        return true;
+    };
+    ledger::adopt(face);
+    if face.configure_from_env {
+        ensure_configured();
+    }
+    let flushed = ledger::settle(l, face);
+    ACCOUNT.add(flushed);
+    let granted = decide(l, face, bytes);
+    // Past the ceiling the thread goes tight (no fast path) until a slow path finds
+    // the account back under it: the ledger's bound on usage past the limit.
+    let over = past_ceiling();
+    if over && (flushed > 0 || (granted && bytes > 0)) {
+        ledger::note_overcommit();
+    }
+    ACCOUNT.add(ledger::rearm(l, over));
+    granted
+}
+
+/// The decision on a charge of `bytes`, the thread's delta already settled.
+fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
+    if bytes <= 0 {
+        ACCOUNT.add(ledger::attribute(l, bytes));
+        return true;
+    }
+    // What a gate charged already for this allocation ([`make_room`]): the account
+    // has it, the scope does not yet.
+    let prepaid = ledger::use_prepaid(l, bytes as u64) as i64;
+    if prepaid > 0 {
+        ACCOUNT.add(ledger::attribute(l, prepaid) - prepaid);
+    }
+    let bytes = bytes - prepaid;
+    if bytes == 0 {
+        return true;
+    }
+    match ledger::scope_of(l) {
+        0 => admit(l, face, bytes),
+        // Under Enforcement::Gates an allocation is never refused, not even by its
+        // scope's share: it is charged to the scope and counted.
+        scope if !policing_allocations() => {
+            count_only(tables::attribute(scope, bytes));
+            true
+        }
+        // A small request never waits for its scope's share and is never refused by
+        // it: charged to the scope, then admitted by the process budget like any
+        // small request (over-commit within its bound).
+        scope if (bytes as u64) < settings::refuse_min() => {
+            let dh = tables::attribute(scope, bytes);
+            if dh <= 0 {
+                ACCOUNT.add(dh);
+                return true;
+            }
+            if admit_as(l, face, dh, OnOom::Abort) {
+                return true;
+            }
+            ACCOUNT.add(tables::attribute(scope, -bytes) + dh);
+            false
+        }
+        scope => crate::scope::admit_attached(l, face, scope, bytes),
+    }
+}
+
+/// A gate: waits for reclaims until `bytes` more fit the budget, and charges them
+/// there, under the limit, so gates on many threads cannot all pass on the same room.
+/// The allocation that follows on this thread uses the charge up ([`end_gate`] gives
+/// back what it did not use). Returns false, with an OOM report written, if they will
+/// not fit. Call it only where waiting is safe: never with a lock held that a reclaim
+/// needs (in a JVM, from a thread in native state, never in VM state).
+///
+/// Requests under `refuse_min` always pass, with no wait and no charge, whatever the
+/// over-commit: they are counted when taken, like every allocation under
+/// `Enforcement::Gates`. A JVM's own code treats a failed small
+/// `Unsafe.allocateMemory` as fatal (seen: a 2 KiB NIO path buffer refused in a Spark
+/// task took the whole JVM down through its uncaught-exception handler).
+pub fn make_room(face: &'static Face, bytes: u64) -> bool {
+    if bytes < settings::refuse_min() {
+        return true;
+    }
+    let Some(l) = (face.local)() else { return true };
+    let Some(_busy) = ledger::enter(l) else { return true };
+    if face.configure_from_env {
+        ensure_configured();
+    }
+    ACCOUNT.add(ledger::settle(l, face));
+    let granted = admission::admit_as(l, face, i64::try_from(bytes).unwrap_or(i64::MAX), OnOom::Abort);
+    if granted {
+        ledger::prepay(l, bytes);
+    }
+    granted
+}
+
+/// After the allocation a granted [`make_room`] let through: credits the part of the
+/// gate's charge that the allocation did not use (all of it, if the allocation
+/// failed or was served on the fast path).
+pub fn end_gate(face: &'static Face) {
+    if let Some(l) = (face.local)() {
+        let left = ledger::take_prepaid(l);
+        if left > 0 {
+            ACCOUNT.add(-i64::try_from(left).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Records bytes that are already taken (or given back) on a thread of `face`, with
+/// no policy: for corrections after the fact, such as a `realloc` that landed in a
+/// different size class than estimated.
+pub fn record(face: &'static Face, bytes: i64) {
+    match (face.local)() {
+        Some(l) => ledger::charge_nested(l, bytes),
+        None => {
+            ACCOUNT.add(bytes);
+        }
+    }
+}
+
+/// Flushes the calling thread's delta to the process account.
+pub fn flush_thread(face: &'static Face) {
+    if let Some(l) = (face.local)() {
+        ACCOUNT.add(ledger::settle(l, face));
+    }
+}

@@ -1,0 +1,59 @@
+//! The scope tables, at the ledger's level: what each task scope holds, the owner
+//! records of big blocks, the spin lock that guards them, and the free signal. The
+//! ledger attributes every flush to the flushing thread's scope here, so attribution
+//! flows down; the arbitration above (`scope/`) reads and changes the same tables.
+
+pub(crate) mod owner;
+pub(crate) mod pool;
+pub(crate) mod signal;
+pub(crate) mod spin;
+
+pub use owner::OWNED_MIN;
+pub use pool::{MAX_CONSUMERS, MAX_SCOPES};
+
+use pool::POOL;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// The scope whose request is being refused, for the report (0: none).
+static REFUSING: AtomicU64 = AtomicU64::new(0);
+
+/// Adds `d` bytes of a thread in scope `handle` (0: none) to that scope; returns the
+/// change the process account must see. On the slow path only.
+pub(crate) fn attribute(handle: u64, d: i64) -> i64 {
+    if handle == 0 || d == 0 {
+        return d;
+    }
+    let dh = POOL.lock().attribute(handle, d);
+    if d < 0 {
+        signal::wake();
+    }
+    dh
+}
+
+/// A thread left scope `handle` by exiting.
+pub(crate) fn thread_exited(handle: u64) {
+    if handle != 0 {
+        POOL.lock().detach(handle);
+    }
+}
+
+/// Scopes begun so far.
+pub(crate) fn begun() -> u64 {
+    pool::BEGUN.load(Relaxed)
+}
+
+/// Names `handle` (0: none) as the scope whose request the next report is about.
+pub(crate) fn set_refusing(handle: u64) {
+    REFUSING.store(handle, Relaxed);
+}
+
+/// The scope tree for the OOM report, led by the scope being refused, if any.
+pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
+    let refusing = REFUSING.swap(0, Relaxed);
+    let p = POOL.lock();
+    if let Some(s) = p.scope(refusing) {
+        writeln!(w, "  refused for scope {:?} (id {})", s.name, s.id)?;
+    }
+    p.write_tree(w)
+}
