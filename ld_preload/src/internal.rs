@@ -25,23 +25,31 @@ fn flags(layout: &Layout) -> libc::c_int {
 // SAFETY: every method forwards to jemalloc's sized API with the layout's size and
 // alignment, which is what GlobalAlloc requires; the accounting never touches memory.
 unsafe impl GlobalAlloc for Internal {
+    /// # Safety
+    /// [`GlobalAlloc::alloc`]'s: `layout` has a non-zero size.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let f = flags(&layout);
-        // SAFETY: a Layout's size is non-zero for GlobalAlloc::alloc; `f` encodes a
-        // power-of-two alignment.
+        // SAFETY: the size is non-zero (this function's contract); `f` encodes a
+        // power-of-two alignment, or none.
         let p = unsafe { jem::mallocx(layout.size(), f) };
         if !p.is_null() {
-            // SAFETY: as above.
+            // SAFETY: nallocx has no preconditions; with mallocx's size and flags it
+            // gives the usable size just allocated.
             face::record(&FACE, unsafe { jem::nallocx(layout.size(), f) } as i64);
         }
         p.cast()
     }
 
+    /// # Safety
+    /// [`GlobalAlloc::dealloc`]'s: `ptr` is a live block from this allocator's `alloc`
+    /// with this same `layout`.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         let f = flags(&layout);
-        // SAFETY: `ptr` came from `alloc` with this layout, so these flags and size.
+        // SAFETY: nallocx has no preconditions; with `alloc`'s size and flags (the same
+        // layout, this function's contract) it gives the usable size `alloc` recorded.
         let usable = unsafe { jem::nallocx(layout.size(), f) };
-        // SAFETY: as above.
+        // SAFETY: `ptr` is live and came from `alloc` with this layout (this function's
+        // contract), so from mallocx with this size and these flags.
         unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) };
         face::record(&FACE, -(usable as i64));
     }

@@ -44,21 +44,33 @@ pub(crate) fn installed() -> bool {
     !ALLOCATE.load(Acquire).is_null()
 }
 
+/// The gate bound in place of `Unsafe.allocateMemory0`.
+///
+/// # Safety
+/// Called only by the JVM, as that native: `env` is the calling thread's live JNIEnv
+/// and `unsafe_` the receiver, and `gate_for` saved the original native first.
 unsafe extern "system" fn allocate_memory0(env: *mut JNIEnv, unsafe_: jobject, bytes: jlong) -> jlong {
     if bytes > 0 && !face::make_room(&FACE, bytes as u64) {
-        // SAFETY: `env` is the calling thread's JNIEnv, passed by the JVM.
+        // SAFETY: `env` is the calling thread's live JNIEnv (this function's contract).
         unsafe { throw_oom(env) };
         return 0;
     }
     // SAFETY: ALLOCATE holds the JVM's native of this very signature: this gate is
-    // only bound after `gate_for` saved it.
+    // only bound after `gate_for` saved it (this function's contract).
     let original: Allocate = unsafe { std::mem::transmute::<*mut c_void, Allocate>(ALLOCATE.load(Acquire)) };
-    // SAFETY: forwarding the JVM's own arguments to its own native.
+    // SAFETY: forwarding the JVM's own arguments (this function's contract) to its own
+    // native.
     let address = unsafe { original(env, unsafe_, bytes) };
     face::end_gate(&FACE);
     address
 }
 
+/// The gate bound in place of `Unsafe.reallocateMemory0`.
+///
+/// # Safety
+/// Called only by the JVM, as that native: `env` is the calling thread's live JNIEnv,
+/// `unsafe_` the receiver, `address` 0 or a live block `allocateMemory0` returned, and
+/// `gate_for` saved the original native first.
 unsafe extern "system" fn reallocate_memory0(
     env: *mut JNIEnv,
     unsafe_: jobject,
@@ -68,19 +80,22 @@ unsafe extern "system" fn reallocate_memory0(
     let old = if address == 0 {
         0
     } else {
-        // SAFETY: Unsafe hands back an address its allocateMemory returned: ours.
+        // SAFETY: a non-zero `address` is a live block Unsafe's allocateMemory returned,
+        // so one of this allocator's (this function's contract).
         unsafe { jem::malloc_usable_size(address as usize as *const c_void) }
     };
     let growth = u64::try_from(bytes).unwrap_or(0).saturating_sub(old as u64);
     if growth > 0 && !face::make_room(&FACE, growth) {
-        // SAFETY: as in `allocate_memory0`.
+        // SAFETY: `env` is the calling thread's live JNIEnv (this function's contract).
         unsafe { throw_oom(env) };
         return 0;
     }
-    // SAFETY: as in `allocate_memory0`, for REALLOCATE.
+    // SAFETY: REALLOCATE holds the JVM's native of this very signature: this gate is
+    // only bound after `gate_for` saved it (this function's contract).
     let original: Reallocate =
         unsafe { std::mem::transmute::<*mut c_void, Reallocate>(REALLOCATE.load(Acquire)) };
-    // SAFETY: forwarding the JVM's own arguments to its own native.
+    // SAFETY: forwarding the JVM's own arguments (this function's contract) to its own
+    // native.
     let moved = unsafe { original(env, unsafe_, address, bytes) };
     face::end_gate(&FACE);
     moved

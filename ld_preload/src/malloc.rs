@@ -14,13 +14,18 @@ use tikv_jemalloc_sys as jem;
 const PAGE: usize = 4096;
 
 fn errno() -> c_int {
-    // SAFETY: __errno_location always returns this thread's errno.
-    unsafe { *libc::__errno_location() }
+    // SAFETY: __errno_location has no preconditions.
+    let e = unsafe { libc::__errno_location() };
+    // SAFETY: it points to this thread's errno, valid and aligned while the thread lives.
+    unsafe { *e }
 }
 
 fn set_errno(e: c_int) {
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = e };
+    // SAFETY: __errno_location has no preconditions.
+    let p = unsafe { libc::__errno_location() };
+    // SAFETY: it points to this thread's errno, valid and aligned while the thread
+    // lives, and written only by this thread.
+    unsafe { *p = e };
 }
 
 /// Charges `bytes` before memory is taken; false: refused (the report is written).
@@ -72,7 +77,8 @@ fn alloc(n: size_t) -> *mut c_void {
         if p.is_null() {
             return enomem();
         }
-        // SAFETY: as above.
+        // SAFETY: `total` still points into this thread's jemalloc state, which lives
+        // as long as the thread; jemalloc has just written it, on this thread.
         let size = (unsafe { total.read_volatile() }).wrapping_sub(before) as usize;
         if face::try_charge(&s.local, size as u64) || slow(size as i64) {
             return p;
@@ -160,8 +166,12 @@ fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
 /// `free`: the size is what jemalloc's per-thread total of freed bytes moved by,
 /// so the free costs jemalloc's own lookup and nothing more. Before the thread's
 /// first slow path has found that total, ask `sallocx` (a second lookup).
+///
+/// # Safety
+/// `p` is null, or a live block of this allocator (from the malloc family or C++
+/// `new`) not given back since; it is not used after.
 #[inline(always)]
-fn release(p: *mut c_void) {
+unsafe fn release(p: *mut c_void) {
     if p.is_null() {
         return;
     }
@@ -169,32 +179,43 @@ fn release(p: *mut c_void) {
     s.freeing.set(p);
     let freed = s.deallocated.get();
     let size = if freed.is_null() {
-        // SAFETY: `p` is a live jemalloc allocation (the caller's contract for free).
+        // SAFETY: `p` is non-null here, so a live jemalloc block (this function's contract).
         let size = unsafe { jem::sallocx(p, 0) };
-        // SAFETY: `size` is the usable size of `p`, within what sdallocx accepts.
+        // SAFETY: `p` is a live jemalloc block (this function's contract) and `size` its
+        // usable size, within what sdallocx accepts; `p` is not used after.
         unsafe { jem::sdallocx(p, size, 0) };
         size
     } else {
         // SAFETY: `freed` points into this thread's jemalloc state (thread.deallocatedp),
         // valid while the thread lives; jemalloc writes it only on this thread.
         let before = unsafe { freed.read_volatile() };
-        // SAFETY: `p` is a live jemalloc allocation.
+        // SAFETY: `p` is non-null here, so a live jemalloc block (this function's
+        // contract), not used after.
         unsafe { jem::free(p) };
-        // SAFETY: as above.
+        // SAFETY: `freed` still points into this thread's jemalloc state, which lives
+        // as long as the thread; jemalloc has just written it, on this thread.
         (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
     };
     credit_freed(size);
 }
 
-fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
+/// `realloc`.
+///
+/// # Safety
+/// `p` is null, or a live block of this allocator (from the malloc family or C++
+/// `new`) not given back since. Unless this returns null with `n > 0` (`p` then
+/// stays live), `p` is given back and not used after.
+unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     if p.is_null() {
         return alloc(n);
     }
     if n == 0 {
-        release(p); // glibc: realloc(p, 0) frees p and returns NULL
+        // SAFETY: `p` is non-null here, so a live block of this allocator (this
+        // function's contract); a realloc to 0 gives it back, so it is not used after.
+        unsafe { release(p) }; // glibc: realloc(p, 0) frees p and returns NULL
         return null_mut();
     }
-    // SAFETY: `p` is a live jemalloc allocation (realloc's contract).
+    // SAFETY: `p` is non-null here, so a live jemalloc block (this function's contract).
     let old = unsafe { jem::sallocx(p, 0) };
     let estimate = usable(n);
     if estimate == 0 {
@@ -210,7 +231,7 @@ fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         }
         return enomem();
     }
-    // SAFETY: `p` is live, n >= 1.
+    // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
     let q = unsafe { jem::realloc(p, n) };
     if q.is_null() {
         if grow > 0 {
@@ -222,7 +243,7 @@ fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
-    // SAFETY: `q` is the live result of realloc.
+    // SAFETY: `q` is non-null, so the live block realloc just returned.
     let now = unsafe { jem::sallocx(q, 0) };
     let counted = old + grow;
     if now != counted {
@@ -259,12 +280,11 @@ fn pvalloc_pages(n: size_t) -> *mut c_void {
     alloc_aligned(PAGE, rounded & !(PAGE - 1))
 }
 
+/// Each entry states its own `# Safety`: the contract its callers rely on, and that
+/// the SAFETY comments in its body cite.
 macro_rules! export {
     ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $body:expr; )*) => {$(
         $(#[$doc])*
-        ///
-        /// # Safety
-        /// As the C function of the same name.
         #[cfg_attr(not(test), no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             $body
@@ -273,46 +293,179 @@ macro_rules! export {
 }
 
 export! {
+    /// C's `malloc`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn malloc(n: size_t) -> *mut c_void = alloc(n);
+    /// glibc's internal `malloc`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn __libc_malloc(n: size_t) -> *mut c_void = alloc(n);
-    fn free(p: *mut c_void) -> () = release(p);
-    fn cfree(p: *mut c_void) -> () = release(p);
-    fn __libc_free(p: *mut c_void) -> () = release(p);
+    /// C's `free`.
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator not given back since; it is not
+    /// used after.
+    fn free(p: *mut c_void) -> () = {
+        // SAFETY: free's contract is release's.
+        unsafe { release(p) }
+    };
+    /// The old name of `free`.
+    ///
+    /// # Safety
+    /// As `free`: `p` is null, or a live block of this allocator not given back since;
+    /// it is not used after.
+    fn cfree(p: *mut c_void) -> () = {
+        // SAFETY: cfree's contract is release's.
+        unsafe { release(p) }
+    };
+    /// glibc's internal `free`.
+    ///
+    /// # Safety
+    /// As `free`: `p` is null, or a live block of this allocator not given back since;
+    /// it is not used after.
+    fn __libc_free(p: *mut c_void) -> () = {
+        // SAFETY: __libc_free's contract is release's.
+        unsafe { release(p) }
+    };
     /// C23: the size is a hint; the real size comes from jemalloc.
-    fn free_sized(p: *mut c_void, _size: size_t) -> () = release(p);
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator not given back since; it is not
+    /// used after. The size is not relied on.
+    fn free_sized(p: *mut c_void, _size: size_t) -> () = {
+        // SAFETY: free_sized's contract on `p` is release's.
+        unsafe { release(p) }
+    };
     /// C23: as `free_sized`.
-    fn free_aligned_sized(p: *mut c_void, _align: size_t, _size: size_t) -> () = release(p);
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator not given back since; it is not
+    /// used after. The size and alignment are not relied on.
+    fn free_aligned_sized(p: *mut c_void, _align: size_t, _size: size_t) -> () = {
+        // SAFETY: free_aligned_sized's contract on `p` is release's.
+        unsafe { release(p) }
+    };
+    /// C's `calloc`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn calloc(count: size_t, size: size_t) -> *mut c_void = zeroed(count, size);
+    /// glibc's internal `calloc`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn __libc_calloc(count: size_t, size: size_t) -> *mut c_void = zeroed(count, size);
-    fn realloc(p: *mut c_void, n: size_t) -> *mut c_void = resize(p, n);
-    fn __libc_realloc(p: *mut c_void, n: size_t) -> *mut c_void = resize(p, n);
+    /// C's `realloc`.
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator not given back since. Unless this
+    /// returns null with `n > 0`, `p` is given back and not used after.
+    fn realloc(p: *mut c_void, n: size_t) -> *mut c_void = {
+        // SAFETY: realloc's contract is resize's.
+        unsafe { resize(p, n) }
+    };
+    /// glibc's internal `realloc`.
+    ///
+    /// # Safety
+    /// As `realloc`: `p` is null, or a live block of this allocator not given back
+    /// since. Unless this returns null with `n > 0`, `p` is given back and not used after.
+    fn __libc_realloc(p: *mut c_void, n: size_t) -> *mut c_void = {
+        // SAFETY: __libc_realloc's contract is resize's.
+        unsafe { resize(p, n) }
+    };
+    /// `realloc` of `count * size` bytes, failing with ENOMEM if that overflows.
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator not given back since. Unless this
+    /// returns null with a non-zero size, `p` is given back and not used after.
     fn reallocarray(p: *mut c_void, count: size_t, size: size_t) -> *mut c_void = match count.checked_mul(size) {
-        Some(n) => resize(p, n),
+        Some(n) => {
+            // SAFETY: reallocarray's contract is resize's, for the product `n`.
+            unsafe { resize(p, n) }
+        }
         None => enomem(),
     };
-    fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = aligned_into(out, align, n);
-    fn __posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = aligned_into(out, align, n);
+    /// POSIX's `posix_memalign`.
+    ///
+    /// # Safety
+    /// `out` is valid for a write of one pointer. The block goes back only to this
+    /// allocator.
+    fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = {
+        // SAFETY: posix_memalign's contract is aligned_into's.
+        unsafe { aligned_into(out, align, n) }
+    };
+    /// glibc's internal `posix_memalign`.
+    ///
+    /// # Safety
+    /// As `posix_memalign`: `out` is valid for a write of one pointer. The block goes
+    /// back only to this allocator.
+    fn __posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = {
+        // SAFETY: __posix_memalign's contract is aligned_into's.
+        unsafe { aligned_into(out, align, n) }
+    };
+    /// C's `aligned_alloc`: EINVAL unless the alignment is a power of two.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void = if align.is_power_of_two() {
         alloc_aligned(align, n)
     } else {
         set_errno(libc::EINVAL);
         null_mut()
     };
+    /// glibc's `memalign`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn memalign(align: size_t, n: size_t) -> *mut c_void = memalign_glibc(align, n);
+    /// glibc's internal `memalign`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn __libc_memalign(align: size_t, n: size_t) -> *mut c_void = memalign_glibc(align, n);
+    /// `valloc`: page-aligned.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn valloc(n: size_t) -> *mut c_void = alloc_aligned(PAGE, n);
+    /// glibc's internal `valloc`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn __libc_valloc(n: size_t) -> *mut c_void = alloc_aligned(PAGE, n);
+    /// `pvalloc`: page-aligned, the size rounded up to whole pages.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn pvalloc(n: size_t) -> *mut c_void = pvalloc_pages(n);
+    /// glibc's internal `pvalloc`.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
     fn __libc_pvalloc(n: size_t) -> *mut c_void = pvalloc_pages(n);
+    /// The usable size of a block; 0 for null.
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator.
     fn malloc_usable_size(p: *mut c_void) -> size_t = if p.is_null() {
         0
     } else {
-        // SAFETY: a live allocation, per the caller's contract.
+        // SAFETY: `p` is non-null here, so a live jemalloc block (malloc_usable_size's
+        // contract).
         unsafe { jem::sallocx(p, 0) }
     };
     /// Accepted and ignored: jemalloc has no glibc tunables. Returns 1 (success).
+    ///
+    /// # Safety
+    /// None.
     fn mallopt(_param: c_int, _value: c_int) -> c_int = 1;
     /// Purges jemalloc's unused dirty pages in every arena. Returns 1.
+    ///
+    /// # Safety
+    /// None.
     fn malloc_trim(_pad: size_t) -> c_int = {
         // SAFETY: a NUL-terminated mallctl name with no input or output.
         unsafe {
@@ -320,6 +473,10 @@ export! {
         }
         1
     };
+    /// glibc's statistics, from jemalloc's, clamped to `int`.
+    ///
+    /// # Safety
+    /// None.
     fn mallinfo() -> libc::mallinfo = {
         let j = memquota_core::JemallocStats::read();
         let clamp = |v: u64| v.min(i32::MAX as u64) as c_int;
@@ -331,6 +488,10 @@ export! {
         m.keepcost = clamp(j.retained);
         m
     };
+    /// glibc's statistics, from jemalloc's.
+    ///
+    /// # Safety
+    /// None.
     fn mallinfo2() -> libc::mallinfo2 = {
         let j = memquota_core::JemallocStats::read();
         // SAFETY: mallinfo2 is a plain C struct of size_t; zero is a valid value.
@@ -342,21 +503,32 @@ export! {
         m
     };
     /// jemalloc's statistics on standard error.
+    ///
+    /// # Safety
+    /// None.
     fn malloc_stats() -> () = {
         // SAFETY: null callback and options: jemalloc writes to stderr.
         unsafe { jem::malloc_stats_print(None, null_mut(), std::ptr::null()) }
     };
     /// A minimal document naming the allocator; returns 0.
+    ///
+    /// # Safety
+    /// `stream` is null or an open `FILE`.
     fn malloc_info(_options: c_int, stream: *mut libc::FILE) -> c_int = {
         if !stream.is_null() {
-            // SAFETY: a valid stream per the caller's contract, a NUL-terminated string.
+            // SAFETY: `stream` is non-null here, so an open FILE (malloc_info's
+            // contract); the string is NUL-terminated.
             unsafe { libc::fputs(c"<malloc version=\"jemalloc-memquota\"></malloc>\n".as_ptr(), stream) };
         }
         0
     };
 }
 
-fn aligned_into(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
+/// `posix_memalign`.
+///
+/// # Safety
+/// `out` is valid for a write of one pointer (it is written only on success).
+unsafe fn aligned_into(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
     if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
         return libc::EINVAL;
     }
@@ -366,7 +538,7 @@ fn aligned_into(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
     if p.is_null() {
         return libc::ENOMEM;
     }
-    // SAFETY: `out` is a valid out-pointer per the caller's contract.
+    // SAFETY: `out` is valid for this write (this function's contract).
     unsafe { *out = p };
     0
 }
@@ -379,7 +551,12 @@ pub(crate) fn cxx_alloc(n: size_t, align: Option<size_t>) -> *mut c_void {
     }
 }
 
-/// For the C++ operators.
-pub(crate) fn cxx_free(p: *mut c_void) {
-    release(p)
+/// For the C++ `delete` operators.
+///
+/// # Safety
+/// `p` is null, or a live block of this allocator (from C++ `new` or the malloc
+/// family) not given back since; it is not used after.
+pub(crate) unsafe fn cxx_free(p: *mut c_void) {
+    // SAFETY: this function's contract is release's.
+    unsafe { release(p) }
 }
