@@ -90,7 +90,7 @@ mod linux {
             }
             // SAFETY: `handle` is a live handle from dlopen; the name is NUL-terminated.
             let marker = unsafe { libc::dlsym(handle, MARKER.as_ptr()) }.cast_const();
-            // SAFETY: as above.
+            // SAFETY: `handle` is a live handle from dlopen; the name is NUL-terminated.
             let preload = unsafe { libc::dlsym(handle, PRELOAD_SYMBOL.as_ptr()) }.cast_const();
             // SAFETY: `handle` came from the successful dlopen above and is closed once.
             unsafe { libc::dlclose(handle) };
@@ -163,7 +163,8 @@ mod linux {
         // borrowed for the call's duration.
         unsafe { libc::dl_iterate_phdr(Some(collect), std::ptr::from_mut(&mut names).cast()) };
         names.buf.try_reserve_exact(names.need + 4096).ok()?;
-        // SAFETY: as above.
+        // SAFETY: the callback reads `info` only during the call; `data` is `names`,
+        // borrowed for the call's duration.
         unsafe { libc::dl_iterate_phdr(Some(collect), std::ptr::from_mut(&mut names).cast()) };
         let list = names.buf.split(|&b| b == 0).filter(|n| !n.is_empty());
         Some(list.filter_map(|n| CString::new(n).ok()).collect())

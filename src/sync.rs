@@ -79,7 +79,7 @@ impl<T> ForkHeld<T> {
         if let Some(guard) = unsafe { (*self.0.get()).as_mut() } {
             last(guard);
         }
-        // SAFETY: as above.
+        // SAFETY: this thread called `keep` and has not released yet (the contract).
         unsafe { self.release() };
     }
 

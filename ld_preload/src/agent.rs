@@ -263,24 +263,29 @@ unsafe fn describe(env: Jvmti, method: jmethodID) -> Option<(String, String)> {
     let mut class: jclass = std::ptr::null_mut();
     let mut sig: *mut c_char = std::ptr::null_mut();
     let null = std::ptr::null_mut();
-    // SAFETY: each slot has the named type; out-pointers are valid; null ones are
-    // allowed by JVMTI for the outputs not wanted.
-    unsafe {
-        if function::<GetName>(env, GET_METHOD_NAME)(env, method, &mut name, null, null) != 0 {
-            return None;
-        }
+    // SAFETY: `env` is live (the contract); slot GET_METHOD_NAME is GetMethodName.
+    let get_name = unsafe { function::<GetName>(env, GET_METHOD_NAME) };
+    // SAFETY: `method` is valid (the contract); `name` is a valid out-pointer, and
+    // JVMTI accepts null for the signature outputs we do not want.
+    if unsafe { get_name(env, method, &mut name, null, null) } != 0 {
+        return None;
     }
-    // SAFETY: as above.
+    // SAFETY: `name` was just allocated by this JVMTI environment.
     let name = unsafe { take_string(env, name) };
-    // SAFETY: as above.
-    if unsafe { function::<GetClass>(env, GET_METHOD_DECLARING_CLASS)(env, method, &mut class) } != 0 {
+    // SAFETY: `env` is live; slot GET_METHOD_DECLARING_CLASS is GetMethodDeclaringClass.
+    let get_class = unsafe { function::<GetClass>(env, GET_METHOD_DECLARING_CLASS) };
+    // SAFETY: `method` is valid (the contract); `class` is a valid out-pointer.
+    if unsafe { get_class(env, method, &mut class) } != 0 {
         return None;
     }
-    // SAFETY: as above; `class` was just returned by the JVM.
-    if unsafe { function::<GetSig>(env, GET_CLASS_SIGNATURE)(env, class, &mut sig, null) } != 0 {
+    // SAFETY: `env` is live; slot GET_CLASS_SIGNATURE is GetClassSignature.
+    let get_sig = unsafe { function::<GetSig>(env, GET_CLASS_SIGNATURE) };
+    // SAFETY: `class` was just returned by the JVM; `sig` is a valid out-pointer, and
+    // JVMTI accepts null for the generic signature we do not want.
+    if unsafe { get_sig(env, class, &mut sig, null) } != 0 {
         return None;
     }
-    // SAFETY: as above.
+    // SAFETY: `sig` was just allocated by this JVMTI environment.
     let sig = unsafe { take_string(env, sig) };
     Some((sig, name))
 }

@@ -66,7 +66,8 @@ struct Registered {
 // SAFETY: the C caller registers a callback and context that may be used from any
 // thread (the header says so); we only pass the pointer back.
 unsafe impl Send for Registered {}
-// SAFETY: as above.
+// SAFETY: shared references to it only read the two fields and pass them back to C,
+// and the C caller made them safe to use from any thread (the header says so).
 unsafe impl Sync for Registered {}
 
 /// Registers the reclaim callback, called with the bytes wanted and `ctx`, from the

@@ -82,7 +82,7 @@ fn keep_stderr() {
     let mut fd = unsafe { libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, KEPT_FD_MIN) };
     if fd < 0 {
         // RLIMIT_NOFILE at or under KEPT_FD_MIN: any free number will do.
-        // SAFETY: as above.
+        // SAFETY: fcntl(F_DUPFD_CLOEXEC) only reads fd 2 and makes a new descriptor.
         fd = unsafe { libc::fcntl(libc::STDERR_FILENO, libc::F_DUPFD_CLOEXEC, 3) };
     }
     let Some((dev, ino)) = identity(fd) else { return };

@@ -2,6 +2,7 @@
 //! often to write the stats, the limit, and the JVM agent.
 
 use super::RunArgs;
+use memquota_core::face::vars;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
@@ -21,10 +22,10 @@ pub(super) fn command(args: &RunArgs, preload: &Path, stats_path: &Path) -> Comm
         None => preload.to_path_buf().into_os_string(),
     };
     cmd.env("LD_PRELOAD", ld_preload)
-        .env("MEMQUOTA_STATS_FILE", stats_path)
-        .env("MEMQUOTA_STATS_INTERVAL", format!("{}ms", args.interval.as_millis()));
+        .env(vars::STATS_FILE, stats_path)
+        .env(vars::STATS_INTERVAL, format!("{}ms", args.interval.as_millis()));
     if let Some(limit) = &args.limit {
-        cmd.env("MEMQUOTA_LIMIT", limit);
+        cmd.env(vars::LIMIT, limit);
     }
     if args.jvm {
         cmd.env("JAVA_TOOL_OPTIONS", java_tool_options(preload));
