@@ -1,7 +1,9 @@
 //! Admission against the process budget: grant under the limit by compare-and-swap,
 //! over-commit small requests within a bound, run or await synchronous reclaims while
 //! they help, and otherwise refuse with a report. Also the counting-only admission of
-//! `Enforcement::Gates` and the check that makes a thread tight past the limit.
+//! `Enforcement::Gates` and the check that makes a thread tight past the limit. "Heap"
+//! below is everything outside the native account the budget counts: the heap
+//! figure, and untracked memory under `Untracked::Count` (`untracked::outside`).
 
 use crate::config::OnOom;
 use crate::gc::{SyncOutcome, Throttle};
@@ -10,7 +12,7 @@ use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::quota::{Pressure, Quota};
 use crate::reclaim;
 use crate::report::{self, Refusal};
-use crate::settings::{self, heap_mode, policing_allocations, quota};
+use crate::settings::{self, policing_allocations, quota};
 
 /// Sync reclaims one request may go through before it is refused.
 const MAX_SYNC_ROUNDS: u32 = 2;
@@ -19,7 +21,7 @@ const MAX_SYNC_ROUNDS: u32 = 2;
 /// reclaim and no report: a scope's first try before it spills.
 pub(crate) fn fits(bytes: i64) -> bool {
     let quota = quota();
-    let heap = heap_probe::read().counted(heap_mode());
+    let heap = heap_probe::outside();
     let taken = ACCOUNT.try_add(bytes, quota.native_ceiling(heap));
     if let Ok(native) = taken {
         reclaim_if_past_soft(quota, native, heap);
@@ -41,7 +43,7 @@ pub(crate) fn past_ceiling() -> bool {
     let quota = quota();
     quota.limit != i64::MAX
         && policing_allocations()
-        && ACCOUNT.native().saturating_add(heap_probe::read().counted(heap_mode())) > quota.limit
+        && ACCOUNT.native().saturating_add(heap_probe::outside()) > quota.limit
 }
 
 /// An allocation's admission: policed, or under `Enforcement::Gates` only counted.
@@ -57,7 +59,7 @@ pub(crate) fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
 /// reclaim is asked for, and a grant past the limit is counted as an over-commit.
 pub(crate) fn count_only(bytes: i64) {
     let quota = quota();
-    let heap = heap_probe::read().counted(heap_mode());
+    let heap = heap_probe::outside();
     let native = ACCOUNT.add(bytes);
     if quota.pressure(native, heap) == Pressure::Hard {
         ledger::note_overcommit();
@@ -71,11 +73,10 @@ pub(crate) fn count_only(bytes: i64) {
 /// never abort.
 pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool {
     let quota = quota();
-    let mode = heap_mode();
     let mut throttle = None;
     let mut round = 0;
     loop {
-        let heap = heap_probe::read().counted(mode);
+        let heap = heap_probe::outside();
         let native = match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
             Ok(native) => {
                 reclaim_if_past_soft(quota, native, heap);

@@ -148,8 +148,9 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
     #[inline(never)]
     unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
         // Every thread's first allocation comes here: the process's first installs the
-        // fork handlers, for a program that never calls `init`.
+        // fork handlers and starts the sampler, for a program that never calls `init`.
         crate::fork::install();
+        crate::untracked::ensure_sampling();
         if !charge_slow(&RUST_FACE, layout.size() as i64) {
             return std::ptr::null_mut();
         }

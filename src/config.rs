@@ -26,6 +26,8 @@ pub mod vars {
     pub const METRICS_ADDR: &str = "MEMQUOTA_METRICS_ADDR";
     /// The OOM report window.
     pub const REPORT_WINDOW: &str = "MEMQUOTA_REPORT_WINDOW";
+    /// Whether memory memquota does not allocate counts against the limit.
+    pub const UNTRACKED: &str = "MEMQUOTA_UNTRACKED";
     /// The preload's stats file.
     pub const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
     /// How often the preload writes the stats file.
@@ -39,7 +41,7 @@ pub mod vars {
 use vars::*;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 9] = [
+pub const ENV_VARS: [(&str, &str); 10] = [
     (LIMIT, LIMIT_FORMS),
     (SOFT_RATIO, SOFT_FORMS),
     (ON_OOM, ON_OOM_FORMS),
@@ -49,6 +51,7 @@ pub const ENV_VARS: [(&str, &str); 9] = [
     (REFUSE_MIN, SIZE_FORMS),
     (METRICS_ADDR, METRICS_FORMS),
     (REPORT_WINDOW, DURATION_FORMS),
+    (UNTRACKED, UNTRACKED_FORMS),
 ];
 
 /// The shortest stats interval (`MEMQUOTA_STATS_INTERVAL`, `memquota run
@@ -62,6 +65,7 @@ const ON_OOM_FORMS: &str = "null or abort";
 const HEAP_FORMS: &str = "committed or used";
 const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m)";
 const METRICS_FORMS: &str = "an address to serve /metrics on, like 127.0.0.1:9464";
+const UNTRACKED_FORMS: &str = "count or report";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
 
 /// Where the budget's size comes from.
@@ -97,6 +101,17 @@ pub enum HeapMode {
     Used,
 }
 
+/// What happens to resident memory memquota does not allocate (an engine's private
+/// allocator, `mmap`, thread stacks), sampled from the process's anonymous RSS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Untracked {
+    /// It counts against the limit: `native + heap + untracked <= limit`.
+    #[default]
+    Count,
+    /// It is sampled and reported, but leaves the budget alone.
+    Report,
+}
+
 /// The whole configuration. Start from [`Config::new`] (defaults) or
 /// [`Config::from_env`], adjust with the builder methods, and pass it to
 /// [`init`](crate::init).
@@ -111,6 +126,7 @@ pub struct Config {
     refuse_min: u64,
     metrics_addr: Option<String>,
     report_window: Duration,
+    untracked: Untracked,
 }
 
 impl Default for Config {
@@ -135,6 +151,7 @@ impl Config {
             refuse_min: 0,
             metrics_addr: None,
             report_window: Duration::from_secs(1),
+            untracked: Untracked::Count,
         }
     }
 
@@ -195,6 +212,13 @@ impl Config {
         }
         if let Some(d) = read(&get, REPORT_WINDOW, DURATION_FORMS, parse_duration)? {
             c.report_window = d;
+        }
+        if let Some(u) = read(&get, UNTRACKED, UNTRACKED_FORMS, |s| match s {
+            "count" => Some(Untracked::Count),
+            "report" => Some(Untracked::Report),
+            _ => None,
+        })? {
+            c.untracked = u;
         }
         c.metrics_addr = read(&get, METRICS_ADDR, METRICS_FORMS, |s| {
             s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
@@ -312,6 +336,17 @@ impl Config {
     /// The least time between reclaims.
     pub fn reclaim_interval_setting(&self) -> Duration {
         self.reclaim_interval
+    }
+
+    /// Whether untracked memory counts against the limit.
+    pub fn untracked(mut self, mode: Untracked) -> Config {
+        self.untracked = mode;
+        self
+    }
+
+    /// The untracked-memory mode.
+    pub fn untracked_setting(&self) -> Untracked {
+        self.untracked
     }
 
     /// The OOM report window.

@@ -19,6 +19,7 @@ pub fn init(config: Config) -> Result<()> {
     let limit = config.resolve_limit()?;
     crate::settings::configure(&config, limit);
     crate::fork::install();
+    crate::untracked::ensure_sampling();
     crate::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {

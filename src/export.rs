@@ -87,6 +87,10 @@ pub mod metric {
     pub const SOFT_LIMIT_BYTES: &str = "memquota_soft_limit_bytes";
     #[allow(missing_docs)]
     pub const UNTRACKED_BYTES: &str = "memquota_untracked_bytes";
+    #[allow(missing_docs)]
+    pub const UNTRACKED_PEAK_BYTES: &str = "memquota_untracked_peak_bytes";
+    #[allow(missing_docs)]
+    pub const PROCESS_RSS_PEAK_BYTES: &str = "memquota_process_rss_peak_bytes";
 }
 
 use metric::*;
@@ -107,7 +111,7 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 24] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 26] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     [
         (
@@ -183,11 +187,16 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 24] {
         (gauge(JEMALLOC_RESIDENT_BYTES, "jemalloc stats.resident."), "", s.jemalloc.resident),
         (gauge(JEMALLOC_RETAINED_BYTES, "jemalloc stats.retained."), "", s.jemalloc.retained),
         (gauge(PROCESS_RSS_BYTES, "Resident set size of the process."), "", s.process_rss),
+        (gauge(PROCESS_RSS_PEAK_BYTES, "The highest resident set size of the process."), "", s.process_rss_peak),
         (
-            gauge(UNTRACKED_BYTES, "RSS minus native tracked minus committed heap."),
+            gauge(
+                UNTRACKED_BYTES,
+                "Resident memory memquota does not allocate: anonymous RSS minus jemalloc's minus the heap committed.",
+            ),
             "",
-            s.untracked(),
+            s.untracked,
         ),
+        (gauge(UNTRACKED_PEAK_BYTES, "The most untracked memory sampled."), "", s.untracked_peak),
     ]
 }
 

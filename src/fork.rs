@@ -51,6 +51,7 @@ extern "C" fn child() {
         crate::scope::after_fork(true);
         crate::report::after_fork(true);
         reclaim::after_fork(true);
+        crate::untracked::after_fork_child();
         ledger::after_fork_child(ledger::this_thread());
         #[cfg(feature = "jvm")]
         crate::jvm::after_fork(true);

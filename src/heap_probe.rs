@@ -1,5 +1,7 @@
 //! The heap probe: where the outside part of the budget (a JVM heap, or any other
-//! figure) comes from. None, a value pushed from outside, or a user function.
+//! figure) comes from. None, a value pushed from outside, or a user function. Also
+//! the last sample of untracked memory (`untracked.rs` takes it), so that
+//! [`outside`] gives the whole of what the budget counts beside the native account.
 
 use crate::stats::HeapBytes;
 use std::sync::atomic::{
@@ -97,4 +99,31 @@ pub(crate) fn read() -> HeapBytes {
         }
         _ => HeapBytes::default(),
     }
+}
+
+static UNTRACKED: AtomicU64 = AtomicU64::new(0);
+static UNTRACKED_PEAK: AtomicU64 = AtomicU64::new(0);
+
+/// Records a sample of untracked memory.
+pub(crate) fn set_untracked(bytes: u64) {
+    UNTRACKED.store(bytes, Relaxed);
+    UNTRACKED_PEAK.fetch_max(bytes, Relaxed);
+}
+
+/// Untracked bytes at the last sample.
+pub(crate) fn untracked() -> u64 {
+    UNTRACKED.load(Relaxed)
+}
+
+/// The most untracked bytes a sample has seen.
+pub(crate) fn untracked_peak() -> u64 {
+    UNTRACKED_PEAK.load(Relaxed)
+}
+
+/// What the budget counts beside the native account: the heap figure and, under
+/// `Untracked::Count`, the untracked bytes.
+pub(crate) fn outside() -> i64 {
+    let heap = read().counted(crate::settings::heap_mode());
+    let untracked = if crate::settings::count_untracked() { untracked() } else { 0 };
+    heap.saturating_add(i64::try_from(untracked).unwrap_or(i64::MAX))
 }

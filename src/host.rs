@@ -25,31 +25,67 @@ pub fn physical_ram() -> u64 {
     sys.total_memory()
 }
 
-/// This process's resident set size in bytes, from `/proc/self/statm`, read into a
-/// stack buffer: no allocation. 0 if unavailable.
-pub fn process_rss() -> u64 {
-    let mut buf = [0u8; 128];
-    // SAFETY: the path is NUL-terminated; open/read/close are called with a valid fd
-    // and a buffer of the length given.
-    let n = unsafe {
-        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return 0;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        n
-    };
-    let text = &buf[..usize::try_from(n).unwrap_or(0)];
-    // "size resident shared ...", in pages.
-    let resident = text.split(|&b| b == b' ').nth(1).unwrap_or(b"");
-    let pages = resident
-        .iter()
+/// Reads a small `/proc` file into `buf` with no allocation; the bytes read.
+fn read_proc(path: &std::ffi::CStr, buf: &mut [u8]) -> usize {
+    // SAFETY: the path is NUL-terminated; open has no other precondition.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return 0;
+    }
+    // SAFETY: `fd` is open; the buffer is valid for `buf.len()` bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    usize::try_from(n).unwrap_or(0)
+}
+
+fn number(text: &[u8]) -> u64 {
+    text.iter()
+        .skip_while(|b| !b.is_ascii_digit())
         .take_while(|b| b.is_ascii_digit())
-        .fold(0u64, |acc, &d| acc.saturating_mul(10).saturating_add(u64::from(d - b'0')));
+        .fold(0u64, |acc, &d| acc.saturating_mul(10).saturating_add(u64::from(d - b'0')))
+}
+
+fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages.saturating_mul(u64::try_from(page).unwrap_or(4096))
+    u64::try_from(page).unwrap_or(4096)
+}
+
+/// This process's resident memory from `/proc/self/statm`, in bytes: (all resident,
+/// file-backed and shared). No allocation. Zeros if unavailable.
+fn statm() -> (u64, u64) {
+    let mut buf = [0u8; 128];
+    let n = read_proc(c"/proc/self/statm", &mut buf);
+    // "size resident shared ...", in pages.
+    let mut fields = buf[..n].split(|&b| b == b' ');
+    let resident = number(fields.nth(1).unwrap_or(b""));
+    let shared = number(fields.next().unwrap_or(b""));
+    let page = page_size();
+    (resident.saturating_mul(page), shared.saturating_mul(page))
+}
+
+/// This process's resident set size in bytes. 0 if unavailable.
+pub fn process_rss() -> u64 {
+    statm().0
+}
+
+/// This process's anonymous resident memory in bytes (`RssAnon`: resident minus the
+/// file-backed and shared part): what its allocators, stacks and private mappings
+/// hold. 0 if unavailable.
+pub fn anon_rss() -> u64 {
+    let (resident, shared) = statm();
+    resident.saturating_sub(shared)
+}
+
+/// The highest resident set size this process has had (`VmHWM`), in bytes. 0 if
+/// unavailable. No allocation.
+pub fn peak_rss() -> u64 {
+    let mut buf = [0u8; 2048];
+    let n = read_proc(c"/proc/self/status", &mut buf);
+    let text = &buf[..n];
+    let Some(at) = text.windows(6).position(|w| w == b"VmHWM:") else { return 0 };
+    number(&text[at..]).saturating_mul(1024)
 }
 
 /// Parses `/proc/self/cgroup` and reads limits through `read`, so tests can feed it a

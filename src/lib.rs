@@ -44,6 +44,8 @@ mod reclaim;
 mod report;
 #[cfg(not(loom))]
 mod snapshot;
+#[cfg(not(loom))]
+mod untracked;
 // arbitration
 #[cfg(not(loom))]
 mod scope;
@@ -86,7 +88,7 @@ pub mod face {
     pub use crate::host::{cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
     pub use crate::ledger::{enter, thread_exit, try_charge, try_credit, Busy, Face, Local};
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
-    pub use crate::report::flush_quiet;
+    pub use crate::report::{flush_quiet, write_untracked_note};
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, note_alloc, note_free, note_realloc_begin,
         note_realloc_end, release_raw, reserve_raw,
@@ -96,7 +98,7 @@ pub mod face {
     pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};
 }
 
-pub use config::{Config, HeapMode, Limit, OnOom};
+pub use config::{Config, HeapMode, Limit, OnOom, Untracked};
 pub use error::{Error, Result};
 pub use tikv_jemallocator::Jemalloc;
 

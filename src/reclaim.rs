@@ -80,7 +80,7 @@ pub(crate) fn throttled() -> Option<Throttle> {
 /// Native plus counted heap bytes, with this thread's delta flushed first.
 fn used_now(l: &Local, face: &Face) -> i64 {
     let native = ACCOUNT.add(ledger::settle(l, face));
-    native.saturating_add(heap_probe::read().counted(settings::heap_mode()))
+    native.saturating_add(heap_probe::outside())
 }
 
 /// Runs the callback on this thread, with the busy mark held by the caller, and

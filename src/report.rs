@@ -264,6 +264,13 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     )?;
     writeln!(w, "  heap committed   {}", Size(s.heap.committed))?;
     writeln!(w, "  heap used        {}  (counted: {counted})", Size(s.heap.used))?;
+    writeln!(
+        w,
+        "  untracked        {}  (peak {}; {})",
+        Size(s.untracked),
+        Size(s.untracked_peak),
+        if s.untracked_counted { "counted against the limit" } else { "reported only" }
+    )?;
     writeln!(w, "  headroom         {}", Size(s.headroom))?;
     writeln!(w, "  refusals         {} in all, {} over-commit grants past the limit", s.ooms, s.overcommits)?;
     writeln!(
@@ -301,6 +308,7 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
             if rec.panicked { "  (callback panicked)" } else { "" }
         )?;
     }
+    write_untracked_note(w, s.untracked, s.native, s)?;
     crate::tables::write_tree(w)?;
     let j = &s.jemalloc;
     writeln!(
@@ -316,4 +324,25 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         }
         OnOom::Abort => writeln!(w, "  policy           abort"),
     }
+}
+
+/// The loud line when memory memquota does not see is the largest part of the
+/// process's (`untracked` against `native` and the heap): its budget then governs the
+/// smaller part.
+pub fn write_untracked_note(w: &mut impl Write, untracked: u64, native: u64, s: &Stats) -> fmt::Result {
+    if untracked > native && untracked > s.heap.committed && untracked >= 16 << 20 {
+        writeln!(
+            w,
+            "  warning: most of this process's memory comes from an allocator memquota does not see \
+             ({} untracked against {} native): an engine's private allocator or its own mmap; {}",
+            Size(untracked),
+            Size(native),
+            if s.untracked_counted {
+                "it counts against the limit, but only what memquota does see can be reclaimed or refused"
+            } else {
+                "it is outside the limit (MEMQUOTA_UNTRACKED=report)"
+            }
+        )?;
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 //! decides on a consistent-enough quota, and the next request sees the new one. Also
 //! the first-use configuration from `MEMQUOTA_*`, as jemalloc reads `MALLOC_CONF`.
 
-use crate::config::{Config, HeapMode, OnOom};
+use crate::config::{Config, HeapMode, OnOom, Untracked};
 use crate::quota::{threshold_for, Quota, MIN_THRESHOLD};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::*};
 use std::time::Duration;
@@ -25,6 +25,8 @@ struct Settings {
     refuse_min: AtomicU64,
     background_interval_ms: AtomicU64,
     report_window_ms: AtomicU64,
+    /// `Untracked::Count` when true.
+    count_untracked: AtomicBool,
     /// `Enforcement::Allocations` when true.
     police_allocations: AtomicBool,
 }
@@ -41,6 +43,7 @@ static SETTINGS: Settings = Settings {
     refuse_min: AtomicU64::new(0),
     background_interval_ms: AtomicU64::new(0),
     report_window_ms: AtomicU64::new(1000),
+    count_untracked: AtomicBool::new(true),
     police_allocations: AtomicBool::new(true),
 };
 
@@ -71,6 +74,12 @@ fn apply(config: &Config, limit: u64) {
     SETTINGS.interval_ms.store(ms(config.reclaim_interval_setting()), Relaxed);
     SETTINGS.refuse_min.store(config.refuse_min_setting(), Relaxed);
     SETTINGS.report_window_ms.store(ms(config.report_window_setting()), Relaxed);
+    SETTINGS.count_untracked.store(config.untracked_setting() == Untracked::Count, Relaxed);
+}
+
+/// Whether untracked memory counts against the limit.
+pub(crate) fn count_untracked() -> bool {
+    SETTINGS.count_untracked.load(Relaxed)
 }
 
 /// Reads `MEMQUOTA_*` the first time any slow path runs. A bad value must never leave

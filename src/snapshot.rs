@@ -21,7 +21,7 @@ pub fn stats() -> Stats {
     let unsigned = |v: i64| u64::try_from(v).unwrap_or(0);
     let limit = if quota.limit == i64::MAX { u64::MAX } else { unsigned(quota.limit) };
     let soft_limit = if quota.soft == i64::MAX { u64::MAX } else { unsigned(quota.soft) };
-    let counted_heap = heap.counted(mode);
+    let outside = heap_probe::outside();
     Stats {
         limit,
         soft_limit,
@@ -29,8 +29,8 @@ pub fn stats() -> Stats {
         native_peak: unsigned(ACCOUNT.peak()),
         heap,
         heap_mode: mode,
-        headroom: quota.headroom(native, counted_heap),
-        overcommit: Quota::excess(native.max(0), counted_heap, quota.limit),
+        headroom: quota.headroom(native, outside),
+        overcommit: Quota::excess(native.max(0), outside, quota.limit),
         overcommits: ledger::overcommits(),
         refuse_min: settings::refuse_min(),
         reclaims_sync: counts.sync.load(Relaxed),
@@ -46,5 +46,9 @@ pub fn stats() -> Stats {
         threshold: settings::threshold(),
         jemalloc: JemallocStats::read(),
         process_rss: crate::host::process_rss(),
+        process_rss_peak: crate::host::peak_rss(),
+        untracked: crate::heap_probe::untracked(),
+        untracked_peak: crate::heap_probe::untracked_peak(),
+        untracked_counted: settings::count_untracked(),
     }
 }

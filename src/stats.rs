@@ -120,13 +120,14 @@ pub struct Stats {
     pub jemalloc: JemallocStats,
     /// The process's resident set size.
     pub process_rss: u64,
-}
-
-impl Stats {
-    /// Resident memory the budget does not see: RSS minus native tracked minus
-    /// committed heap. Code, stacks, allocator overhead, and memory from allocators
-    /// that bypass memquota (an engine's private jemalloc, direct mmap).
-    pub fn untracked(&self) -> u64 {
-        self.process_rss.saturating_sub(self.native.saturating_add(self.heap.committed))
-    }
+    /// The highest resident set size the process has had (`VmHWM`).
+    pub process_rss_peak: u64,
+    /// Resident memory memquota does not allocate, at the last sample: anonymous RSS
+    /// minus what jemalloc holds minus the heap committed. An engine's private
+    /// allocator, `mmap`, thread stacks, a C library's own malloc.
+    pub untracked: u64,
+    /// The most untracked memory a sample has seen.
+    pub untracked_peak: u64,
+    /// Whether untracked memory counts against the limit (`MEMQUOTA_UNTRACKED=count`).
+    pub untracked_counted: bool,
 }

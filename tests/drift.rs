@@ -105,7 +105,7 @@ fn zero_drift_at_quiescence() {
     assert!(ops >= 1_000_000);
     assert_eq!(after.native, before.native, "tracked bytes drifted");
     assert!(after.native_peak > before.native + (1 << 20), "the churn should have raised the peak");
-    assert_eq!(after.threads, 1, "exited threads must deregister");
+    assert_eq!(after.threads, before.threads, "exited threads must deregister");
 }
 
 fn error_bound_holds_between_flushes() {

@@ -178,23 +178,28 @@ fn size(b: u64) -> String {
 }
 
 fn summary(s: &Stats) -> String {
-    format!(
-        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  reclaims       {} sync, {} background, freed {}\n  refusals       {} ({} full reports)\n  over-commit    {} grants past the limit\n  process RSS    {} ({} untracked)\n",
+    let mut text = format!(
+        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  untracked      {} now, {} peak ({})\n  process RSS    {} now, {} peak\n  reclaims       {} sync, {} background, freed {}\n  refusals       {} ({} full reports)\n  over-commit    {} grants past the limit\n",
         std::process::id(),
         size(s.limit),
         size(s.native),
         size(s.native_peak),
         size(s.heap.committed),
         size(s.heap.used),
+        size(s.untracked),
+        size(s.untracked_peak),
+        if s.untracked_counted { "counted" } else { "reported only" },
+        size(s.process_rss),
+        size(s.process_rss_peak),
         s.reclaims_sync,
         s.reclaims_background,
         size(s.reclaimed_bytes),
         s.ooms,
         s.reports,
         s.overcommits,
-        size(s.process_rss),
-        size(s.untracked()),
-    )
+    );
+    let _ = face::write_untracked_note(&mut text, s.untracked_peak, s.native_peak, s);
+    text
 }
 
 /// The preload's own fork child handler (the core registers its own for its locks).

@@ -1,0 +1,70 @@
+//! Memory memquota does not allocate: an engine's private allocator, `mmap`, thread
+//! stacks, a C library's own malloc. A sampler thread reads the process's anonymous
+//! resident memory every [`INTERVAL`], off the allocation path, and calls what is
+//! neither jemalloc's (tracked allocations and jemalloc's own overhead) nor the heap
+//! *untracked*. Under `Untracked::Count` (the default) it counts against the limit
+//! with native and heap, and a sample past the soft threshold asks for a background
+//! reclaim: what memquota does see (tracked caches, a JVM's heap) makes room for what
+//! it does not.
+
+use crate::heap_probe;
+use crate::host;
+use crate::ledger::{self, ACCOUNT};
+use crate::quota::Quota;
+use crate::reclaim;
+use crate::settings;
+use crate::stats::JemallocStats;
+use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::time::Duration;
+
+/// Time between two samples. A sample (a `statm` read and jemalloc's statistics
+/// epoch) costs tens of microseconds: well under 0.1% of a core at this rate.
+pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
+
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Starts the sampler thread, once per process (again in a fork child).
+pub(crate) fn ensure_sampling() {
+    if STARTED.swap(true, AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("memquota-sampler".into()).spawn(|| {
+        // Its own few allocations are charged, never refused, never made to wait.
+        ledger::exempt_this_thread();
+        loop {
+            sample();
+            // A period, not a synchronisation.
+            std::thread::sleep(INTERVAL);
+        }
+    });
+    if spawned.is_err() {
+        STARTED.store(false, Release);
+    }
+}
+
+/// In a fork child: the sampler thread did not survive the fork.
+pub(crate) fn after_fork_child() {
+    STARTED.store(false, Relaxed);
+}
+
+/// One sample: anonymous RSS, minus what jemalloc holds (at least the tracked total,
+/// for a backing allocator without jemalloc's statistics), minus the heap committed.
+fn sample() {
+    let anon = host::anon_rss();
+    if anon == 0 {
+        return; // no /proc: nothing to say
+    }
+    let native = u64::try_from(ACCOUNT.native()).unwrap_or(0);
+    let jemalloc = JemallocStats::read().resident.max(native);
+    let heap = heap_probe::read().committed;
+    let untracked = anon.saturating_sub(jemalloc).saturating_sub(heap);
+    heap_probe::set_untracked(untracked);
+    if settings::count_untracked() {
+        let quota = settings::quota();
+        let outside = heap_probe::outside();
+        let native = ACCOUNT.native();
+        if native.saturating_add(outside) > quota.soft {
+            reclaim::request_background(Quota::excess(native, outside, quota.soft));
+        }
+    }
+}
