@@ -222,7 +222,13 @@ fn take_delta(l: &Local) -> i64 {
 /// Marks the thread busy in memquota's slow path for the guard's lifetime.
 /// `None` if it already is: the caller is nested inside our own slow path.
 pub fn enter(l: &Local) -> Option<Busy<'_>> {
-    (!l.busy.replace(true)).then_some(Busy(l))
+    // Not `then_some(Busy(l))`: that builds the guard either way, and dropping the
+    // unused one would clear the mark the outer slow path still holds.
+    if l.busy.replace(true) {
+        None
+    } else {
+        Some(Busy(l))
+    }
 }
 
 /// RAII for [`enter`]: clears the busy mark on drop, also on unwind.
