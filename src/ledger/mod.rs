@@ -353,3 +353,18 @@ pub(crate) fn charge_nested(l: &Local, bytes: i64) {
 pub fn pending(l: &Local) -> i64 {
     delta(l)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nested_enter_keeps_the_outer_mark() {
+        let l = Local::new();
+        let outer = enter(&l).expect("not busy yet");
+        assert!(enter(&l).is_none(), "nested inside the slow path");
+        assert!(l.busy.get(), "the nested enter must not clear the outer mark");
+        drop(outer);
+        assert!(!l.busy.get());
+    }
+}
