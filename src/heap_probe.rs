@@ -110,6 +110,12 @@ pub(crate) fn set_untracked(bytes: u64) {
     UNTRACKED_PEAK.fetch_max(bytes, Relaxed);
 }
 
+/// A fork child's untracked figure, its peak forgotten with the parent's samples.
+pub(crate) fn set_untracked_after_fork(bytes: u64) {
+    UNTRACKED.store(bytes, Relaxed);
+    UNTRACKED_PEAK.store(bytes, Relaxed);
+}
+
 /// Untracked bytes at the last sample.
 pub(crate) fn untracked() -> u64 {
     UNTRACKED.load(Relaxed)

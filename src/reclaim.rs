@@ -108,7 +108,7 @@ pub(crate) fn request_background(need: u64) {
             let Some(l) = (face.local)() else { return };
             // This thread exists to reclaim: its own allocations are charged but
             // never wait for a reclaim.
-            let _busy = ledger::enter(l);
+            ledger::exempt(l);
             loop {
                 COORDINATOR.serve_background(|need| run(l, face, need));
             }

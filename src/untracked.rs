@@ -42,9 +42,13 @@ pub(crate) fn ensure_sampling() {
     }
 }
 
-/// In a fork child: the sampler thread did not survive the fork.
+/// In a fork child: the sampler thread did not survive the fork, and the parent's
+/// figure says nothing of the child. The child does not start one of its own from
+/// inside an allocation (a fork child should do little before it execs, and an exec
+/// starts a new process that samples): its untracked figure is 0.
 pub(crate) fn after_fork_child() {
-    STARTED.store(false, Relaxed);
+    STARTED.store(true, Relaxed);
+    heap_probe::set_untracked_after_fork(0);
 }
 
 /// One sample: anonymous RSS, minus what jemalloc holds (at least the tracked total,

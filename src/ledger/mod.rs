@@ -77,11 +77,24 @@ pub(crate) fn this_thread() -> Option<&'static Local> {
 
 /// Exempts the calling thread from the policy for the rest of its life: its
 /// allocations are charged but never refused and never wait for a reclaim. For
-/// memquota's own service threads.
+/// memquota's own service threads, which never flush on their own: each of their
+/// allocations and frees goes straight to the account (slack 0), so the process is
+/// exact at quiescence without them.
 pub(crate) fn exempt_this_thread() {
     if let Some(l) = this_thread() {
-        std::mem::forget(enter(l));
+        exempt(l);
     }
+}
+
+/// [`exempt_this_thread`] for a thread whose state the caller holds.
+pub fn exempt(l: &Local) {
+    if l.phase.get() == Phase::Fresh {
+        // Registered like any thread, so that its exit is accounted for.
+        let registered = face();
+        ACCOUNT.add(settle(l, registered));
+    }
+    std::mem::forget(enter(l));
+    ACCOUNT.add(rearm(l, true));
 }
 
 /// Counts a grant that left native plus heap past the limit.
