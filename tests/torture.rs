@@ -287,10 +287,17 @@ fn reclaim(need: usize) {
     }
 }
 
+/// Refills the cache as far as the budget lets it: fallibly, since it runs at a limit
+/// the phases keep hitting, where an infallible allocation would abort the process.
 fn fill_cache() {
     let mut cache = CACHE.lock().unwrap();
     while cache.len() < CACHE_MIB {
-        cache.push(vec![7u8; MIB as usize]);
+        let mut block: Vec<u8> = Vec::new();
+        if block.try_reserve_exact(MIB as usize).is_err() {
+            break;
+        }
+        block.resize(MIB as usize, 7);
+        cache.push(block);
     }
 }
 

@@ -97,6 +97,15 @@ pub fn exempt(l: &Local) {
     ACCOUNT.add(rearm(l, true));
 }
 
+/// Runs `f` with the calling thread busy-marked: what memquota's own bookkeeping
+/// allocates there (a scope's report, a snapshot, a copy of the last report) is
+/// charged but never refused, so a call made at the limit cannot abort the process
+/// through an infallible allocation of ours.
+pub(crate) fn unpoliced<R>(f: impl FnOnce() -> R) -> R {
+    let _busy = this_thread().and_then(enter);
+    f()
+}
+
 /// Counts a grant that left native plus heap past the limit.
 pub(crate) fn note_overcommit() {
     OVERCOMMITS.fetch_add(1, Relaxed);

@@ -159,9 +159,9 @@ impl MemoryManager {
     }
 
     /// Every live scope with its consumers, and the totals. Allocates (outside any
-    /// lock): not for the allocation path.
+    /// lock, charged but never refused): not for the allocation path.
     pub fn snapshot(&self) -> ScopeSnapshot {
-        figures::snapshot()
+        ledger::unpoliced(figures::snapshot)
     }
 }
 
@@ -179,6 +179,12 @@ pub fn begin_raw(name: &str, id: u64, priority: i32) -> Result<u64> {
 /// # Errors
 /// [`Error::ScopeEnded`] if it already ended.
 pub fn end_raw(handle: u64) -> Result<ScopeReport> {
+    // A scope may end while the process is at its limit: our bookkeeping's
+    // allocations are charged, never refused (an infallible one would abort).
+    ledger::unpoliced(|| end(handle))
+}
+
+fn end(handle: u64) -> Result<ScopeReport> {
     let mut consumers = Vec::with_capacity(64);
     let (s, delta) = {
         let mut p = POOL.lock();
