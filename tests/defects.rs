@@ -248,10 +248,8 @@ fn last_report_returns_while_refusals_happen() {
         ROUND.store(round, SeqCst);
         let report = memquota::last_report();
         calls += 1;
-        assert!(
-            report.as_deref().is_some_and(|r| r.contains("allocation refused")),
-            "round {round}: {report:?}"
-        );
+        // The last report, full or a one-line summary of refusals within its window.
+        assert!(report.as_deref().is_some_and(|r| r.contains("refused")), "round {round}: {report:?}");
         drop(report); // the next step must not be what crosses the thread's slack
         if let Some(v) = try_alloc(200) {
             if held.len() < held.capacity() {
