@@ -27,7 +27,7 @@ static HOOK: Mutex<ReportHook> = Mutex::new(write_stderr);
 static LAST: Mutex<FixedBuf> = Mutex::new(FixedBuf::new());
 
 /// Full reports a window may hold: the first, and those that material changes bring.
-pub(crate) const PER_WINDOW: u32 = 8;
+pub(crate) const PER_WINDOW: u32 = 2;
 
 /// What the refusal path knows of the process's state, for telling a material change.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]

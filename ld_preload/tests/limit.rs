@@ -1,0 +1,436 @@
+//! libmemquota.so at a limit programs keep hitting: C programs (tests/c/users.c,
+//! tests/c/torture.c) and Python, run under the preload with an outer `timeout`.
+//! Each asserts that:
+//!
+//! * tracked bytes stay at or under `limit + bound`, where `bound = (threads + 1) x
+//!   threshold`, plus `limit / 16` when `MEMQUOTA_REFUSE_MIN` > 0 (the preload's
+//!   default is 4 MiB), plus what the reclaim callback holds at once: checked on the
+//!   stats file's peak (written at exit) and on the program's own samples;
+//! * `oom_total` equals the NULLs (or `MemoryError`s) the program saw;
+//! * reports inform without flooding: at most `2 + 2 x seconds` full reports
+//!   ("memquota: allocation refused") and 64 KiB of stderr.
+//!
+//! The torture also checks exactness at quiescence after every phase and its fork
+//! children. Needs `cargo build --release` first, and gcc.
+
+mod common;
+
+use common::{inherited_vars, lib, text};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::sync::OnceLock;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const FULL_REPORT: &str = "memquota: allocation refused";
+/// The preload's default MEMQUOTA_REFUSE_MIN.
+const DEFAULT_REFUSE_MIN: u64 = 4 * MIB;
+/// Threads the preload adds when a stats file is written: its writer.
+const STATS_WRITER: u64 = 1;
+
+struct Built {
+    users: PathBuf,
+    torture: PathBuf,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Built> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+        let out = std::env::temp_dir().join(format!("memquota-limit-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let b = Built { users: out.join("users"), torture: out.join("torture") };
+        for (file, exe) in [("users.c", &b.users), ("torture.c", &b.torture)] {
+            let status = Command::new("gcc")
+                .current_dir(&src)
+                .args(["-O1", "-g", "-Wall", "-Werror", "-pthread", file, "-o"])
+                .arg(exe)
+                .status()
+                .unwrap();
+            assert!(status.success(), "gcc {file} failed");
+        }
+        b
+    })
+}
+
+/// The real python binary (`python3` may be a pyenv shell wrapper).
+fn python() -> PathBuf {
+    let out = Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output().unwrap();
+    PathBuf::from(text(&out.stdout).trim())
+}
+
+/// A preloaded run's output and its stats file.
+struct Run {
+    out: Output,
+    stdout: String,
+    stderr: String,
+    prom: String,
+}
+
+impl Run {
+    fn metric(&self, name: &str) -> u64 {
+        let line = self
+            .prom
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{name} is not in the stats file:\n{}", self.prom));
+        line.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() as u64
+    }
+
+    fn full_reports(stderr: &str) -> usize {
+        stderr.matches(FULL_REPORT).count()
+    }
+
+    /// The "key=value ..." line of stdout that has `key`.
+    fn figures(&self, key: &str) -> HashMap<String, f64> {
+        let line = self
+            .stdout
+            .lines()
+            .rev()
+            .find(|l| l.split_whitespace().any(|w| w.starts_with(&format!("{key}="))))
+            .unwrap_or_else(|| panic!("no {key}= line: {}", self.said()));
+        parse_figures(line)
+    }
+
+    fn said(&self) -> String {
+        let cut = |s: &str| {
+            if s.len() > 4000 {
+                format!("{}\n[... {} bytes ...]\n{}", &s[..2000], s.len() - 4000, &s[s.len() - 2000..])
+            } else {
+                s.to_owned()
+            }
+        };
+        format!(
+            "status: {:?}\nstdout:\n{}\nstderr:\n{}",
+            self.out.status,
+            cut(&self.stdout),
+            cut(&self.stderr)
+        )
+    }
+}
+
+fn parse_figures(line: &str) -> HashMap<String, f64> {
+    line.split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.parse::<f64>().ok()?)))
+        .collect()
+}
+
+/// Runs `program args` under the preload with `env`, a stats file written at exit, and
+/// an outer `timeout`.
+fn preloaded(program: &Path, args: &[&str], env: &[(&str, &str)], timeout_s: u32) -> Run {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let file = std::env::temp_dir().join(format!(
+        "memquota-limit-{}-{}.prom",
+        std::process::id(),
+        N.fetch_add(1, SeqCst)
+    ));
+    let _ = std::fs::remove_file(&file);
+    let mut cmd = Command::new("timeout");
+    cmd.arg(timeout_s.to_string()).arg("env").arg(format!("LD_PRELOAD={}", lib().display()));
+    cmd.arg(format!("MEMQUOTA_STATS_FILE={}", file.display()));
+    // Written at exit only: a write in the middle would allocate while a check runs.
+    cmd.arg("MEMQUOTA_STATS_INTERVAL=3600s");
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    for var in inherited_vars() {
+        cmd.env_remove(var);
+    }
+    let out = cmd.arg(program).args(args).output().unwrap();
+    let prom = std::fs::read_to_string(&file).unwrap_or_default();
+    let _ = std::fs::remove_file(&file);
+    Run { stdout: text(&out.stdout), stderr: text(&out.stderr), out, prom }
+}
+
+fn size(b: u64) -> String {
+    format!("{:.1} MiB ({b})", b as f64 / MIB as f64)
+}
+
+/// What a program that keeps going after refusals must respect.
+struct Expect {
+    limit: u64,
+    refuse_min: u64,
+    /// Threads alive at once, the preload's own included.
+    threads: u64,
+    /// The refusals the program saw.
+    nulls: u64,
+    seconds: f64,
+}
+
+impl Expect {
+    fn bound(&self) -> u64 {
+        let threshold = memquota_core::face::threshold_for(self.limit);
+        (self.threads + 1) * threshold + if self.refuse_min > 0 { self.limit / 16 } else { 0 }
+    }
+}
+
+/// Prints what the run did, then asserts the bound, the count and the reports.
+fn judge(what: &str, run: &Run, e: Expect, max_sample: Option<u64>) {
+    assert!(!run.prom.is_empty(), "{what}: no stats file was written: {}", run.said());
+    let peak = run.metric("memquota_native_peak_bytes");
+    let ooms = run.metric("memquota_oom_total");
+    let full = Run::full_reports(&run.stderr);
+    let allowed = 2 + 2 * e.seconds.ceil() as usize;
+    let ceiling = e.limit + e.bound();
+    println!(
+        "{what}: peak {} (limit {} + bound {} = {}), max sampled {}; {} refusals seen, oom_total {ooms}; \
+         {full} full reports (at most {allowed}), {} bytes of stderr; {:.2} s",
+        size(peak),
+        size(e.limit),
+        size(e.bound()),
+        size(ceiling),
+        max_sample.map_or("-".into(), size),
+        e.nulls,
+        run.stderr.len(),
+        e.seconds
+    );
+    assert!(run.out.status.success(), "{what}: {}", run.said());
+    assert!(
+        peak <= ceiling,
+        "{what}: the peak {} passed limit + bound by {}",
+        size(peak),
+        size(peak - ceiling)
+    );
+    if let Some(s) = max_sample {
+        assert!(s <= ceiling, "{what}: a sample saw {}", size(s));
+    }
+    assert_eq!(ooms, e.nulls, "{what}: oom_total counts each refusal the program saw, once");
+    assert!(full <= allowed, "{what}: {full} full reports in {:.1} s", e.seconds);
+    assert!(run.stderr.len() < 64 * KIB as usize, "{what}: {} bytes of stderr", run.stderr.len());
+}
+
+/// `users loop SIZE COUNT` at `limit` with `refuse_min` (None: the preload's default).
+fn malloc_loop(size_: u64, count: u64, limit: &str, refuse_min: Option<&str>) {
+    let mut env = vec![("MEMQUOTA_LIMIT", limit)];
+    if let Some(r) = refuse_min {
+        env.push(("MEMQUOTA_REFUSE_MIN", r));
+    }
+    let run = preloaded(&built().users, &["loop", &size_.to_string(), &count.to_string()], &env, 60);
+    let f = run.figures("granted");
+    let limit_bytes = memquota_core::face::parse_size(limit).unwrap();
+    let refuse = refuse_min.map_or(DEFAULT_REFUSE_MIN, |r| memquota_core::face::parse_size(r).unwrap());
+    println!("  granted {} of {} asked", size(f["granted"] as u64), size(size_ * count));
+    judge(
+        &format!("malloc({size_}) x {count} at {limit}, refuse_min {refuse}"),
+        &run,
+        Expect {
+            limit: limit_bytes,
+            refuse_min: refuse,
+            threads: f["threads"] as u64 + STATS_WRITER,
+            nulls: f["nulls"] as u64,
+            seconds: f["ms"] / 1000.0,
+        },
+        Some(f["max_sample"] as u64),
+    );
+}
+
+#[test]
+fn malloc_256_in_a_loop_past_null_refuse_min_0_at_64m() {
+    malloc_loop(256, 2_000_000, "64m", Some("0"));
+}
+
+#[test]
+fn malloc_256_in_a_loop_past_null_default_refuse_min_at_64m() {
+    // 256 B is under the default refuse_min: over-committed up to a sixteenth of the
+    // limit, then refused.
+    malloc_loop(256, 2_000_000, "64m", None);
+}
+
+#[test]
+fn malloc_65536_in_a_loop_past_null_at_1g() {
+    // At 1 GiB the per-thread threshold (256 KiB) is larger than the request.
+    malloc_loop(65536, 100_000, "1g", None);
+}
+
+#[test]
+fn python_bytearray_loop_catching_memory_error_at_256m() {
+    let script = "import time\nkeep = []\nerrors = 0\nt0 = time.monotonic()\n\
+        for i in range(60000):\n    try:\n        keep.append(bytearray(16000))\n    except MemoryError:\n        errors += 1\n\
+        print(f'granted={len(keep) * 16000} nulls={errors} ms={(time.monotonic() - t0) * 1000:.0f}')\n";
+    let run = preloaded(&python(), &["-c", script], &[("MEMQUOTA_LIMIT", "256m")], 120);
+    let f = run.figures("granted");
+    println!("  granted {} of {} asked", size(f["granted"] as u64), size(16000 * 60000));
+    judge(
+        "python bytearray(16000) x 60000 at 256m",
+        &run,
+        Expect {
+            limit: 256 * MIB,
+            refuse_min: DEFAULT_REFUSE_MIN,
+            threads: 1 + STATS_WRITER,
+            nulls: f["nulls"] as u64,
+            seconds: f["ms"] / 1000.0,
+        },
+        None,
+    );
+}
+
+#[test]
+fn oom_handler_that_allocates_and_nests_stays_quiet() {
+    // A server at its budget: every 8 MiB request is refused, its handler's own 16 KiB
+    // is refused too and nests, to the server's guard of depth 100.
+    let run = preloaded(&built().users, &["handler", "200"], &[("MEMQUOTA_LIMIT", "64m")], 60);
+    let f = run.figures("handler_calls");
+    println!("  handler ran {} times, nested {} deep", f["handler_calls"], f["max_depth"]);
+    judge(
+        "an out-of-memory handler that allocates, 200 rounds at 64m",
+        &run,
+        Expect {
+            limit: 64 * MIB,
+            refuse_min: DEFAULT_REFUSE_MIN,
+            threads: f["threads"] as u64 + STATS_WRITER,
+            nulls: f["nulls"] as u64,
+            seconds: f["ms"] / 1000.0,
+        },
+        Some(f["max_sample"] as u64),
+    );
+}
+
+#[test]
+fn eight_threads_hammering_an_8m_limit_for_a_second() {
+    let run = preloaded(&built().users, &["hammer", "8", "1000"], &[("MEMQUOTA_LIMIT", "8m")], 60);
+    let f = run.figures("granted");
+    judge(
+        "8 threads hammering 8m for 1 s",
+        &run,
+        Expect {
+            limit: 8 * MIB,
+            refuse_min: DEFAULT_REFUSE_MIN,
+            threads: f["threads"] as u64 + STATS_WRITER,
+            nulls: f["nulls"] as u64,
+            seconds: f["ms"] / 1000.0,
+        },
+        Some(f["max_sample"] as u64),
+    );
+}
+
+// ---- the torture --------------------------------------------------------------------
+
+/// Threads of a torture phase besides its workers: main, the monitor, the watchdog,
+/// memquota-reclaim, the stats writer.
+const TORTURE_SERVICE_THREADS: u64 = 5;
+/// What the torture's reclaim callback holds at once (a 64 KiB buffer), with slack.
+const CALLBACK_HOLDS: u64 = 64 * KIB + 4 * KIB;
+const PHASES: usize = 5;
+const PHASE_MS: u64 = 1500;
+
+fn torture(seed: u64, refuse_min: Option<&str>) {
+    let mut env = vec![("MEMQUOTA_LIMIT", "64m")];
+    if let Some(r) = refuse_min {
+        env.push(("MEMQUOTA_REFUSE_MIN", r));
+    }
+    let run = preloaded(
+        &built().torture,
+        &[&seed.to_string(), &PHASES.to_string(), &PHASE_MS.to_string()],
+        &env,
+        180,
+    );
+    let head = run.figures("seed");
+    let (limit, refuse) = (head["limit"] as u64, head["refuse_min"] as u64);
+    let threshold = memquota_core::face::threshold_for(limit);
+    let allowance = |workers: u64| {
+        (workers + TORTURE_SERVICE_THREADS + 1) * threshold
+            + if refuse > 0 { limit / 16 } else { 0 }
+            + CALLBACK_HOLDS
+    };
+    println!("torture seed {seed}, limit {}, refuse_min {refuse}, threshold {threshold}", size(limit));
+    let mut failures = Vec::new();
+    let mut most_workers = 0;
+    let phases: Vec<HashMap<String, f64>> =
+        run.stdout.lines().filter(|l| l.starts_with("phase=")).map(parse_figures).collect();
+    for p in &phases {
+        let i = p["phase"] as usize;
+        let g = |k: &str| p[k] as u64;
+        let workers = g("workers");
+        most_workers = most_workers.max(workers);
+        let bound = limit + allowance(workers);
+        let peak_bound = limit + allowance(most_workers);
+        let section = phase_stderr(&run.stderr, i);
+        let full = Run::full_reports(section);
+        let allowed = 2 + 2 * (p["ms"] / 1000.0).ceil() as usize;
+        let seen = g("nulls") + g("callback_nulls");
+        println!(
+            "  phase {i}: {workers} workers, forks {}: {} ops in {} ms, {} refusals seen (+{} in callbacks), \
+             oom_total +{}; peak {} (bound {}), max sampled {} over {} samples; {full} full reports \
+             (at most {allowed}), {} bytes of stderr; tracked at quiescence {} (expected {}); forks {} ({} failed, \
+             first code {})",
+            g("forks"),
+            g("ops"),
+            g("ms"),
+            g("nulls"),
+            g("callback_nulls"),
+            g("ooms"),
+            size(g("peak")),
+            size(peak_bound),
+            size(g("max_sample")),
+            g("samples"),
+            section.len(),
+            g("native_end"),
+            g("native_expected"),
+            g("fork_count"),
+            g("fork_failures"),
+            g("fork_first"),
+        );
+        let mut fail = |what: String| failures.push(format!("phase {i}: {what}"));
+        if g("peak") > peak_bound {
+            fail(format!(
+                "peak {} passed limit + bound by {}",
+                size(g("peak")),
+                size(g("peak") - peak_bound)
+            ));
+        }
+        if g("max_sample") > bound {
+            fail(format!("a sample saw {} > {}", size(g("max_sample")), size(bound)));
+        }
+        if g("native_end") != g("native_expected") {
+            fail(format!("not exact at quiescence: {} != {}", g("native_end"), g("native_expected")));
+        }
+        if g("ooms") != seen {
+            fail(format!("oom_total moved by {}, the program saw {seen} NULLs", g("ooms")));
+        }
+        if g("callback_nulls") > 0 {
+            fail(format!("{} allocations of the reclaim callback were refused", g("callback_nulls")));
+        }
+        if full > allowed {
+            fail(format!("{full} full reports in {} ms", g("ms")));
+        }
+        if section.len() > 64 * KIB as usize {
+            fail(format!("{} bytes of stderr in {} ms", section.len(), g("ms")));
+        }
+        if g("fork_failures") > 0 {
+            fail(format!(
+                "{} fork children failed, the first with code {}",
+                g("fork_failures"),
+                g("fork_first")
+            ));
+        }
+        if g("forks") == 1 && g("fork_count") == 0 {
+            fail("no fork in a fork phase".into());
+        }
+    }
+    if !run.out.status.success() || phases.len() != PHASES || !run.stdout.contains("\ndone") {
+        failures.push(format!("the torture did not finish: {}", run.said()));
+    }
+    assert!(failures.is_empty(), "torture seed {seed}:\n  {}", failures.join("\n  "));
+}
+
+/// The part of stderr between the phase's begin and end markers.
+fn phase_stderr(stderr: &str, i: usize) -> &str {
+    let begin = format!("memquota-torture: phase {i} begins\n");
+    let end = format!("memquota-torture: phase {i} ends\n");
+    let Some(b) = stderr.find(&begin) else { return "" };
+    let rest = &stderr[b + begin.len()..];
+    &rest[..rest.find(&end).unwrap_or(rest.len())]
+}
+
+#[test]
+fn torture_with_the_default_refuse_min() {
+    torture(1, None);
+}
+
+#[test]
+fn torture_with_refuse_min_0() {
+    torture(2, Some("0"));
+}

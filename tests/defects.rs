@@ -1,0 +1,545 @@
+//! Defects of the Rust face, one check each, each in a process of its own (a hang or
+//! an abort fails that check alone; the budget, scopes and hooks are process-wide).
+//! Every check prints what it measured before it asserts, and a watchdog ends a check
+//! that hangs with exit 70 and what it saw.
+
+mod support;
+
+use memquota::{Config, Error, HeapBytes, HeapProbe, MemoryManager, QuotaAlloc, Reservation};
+use std::fmt::Write as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+use support::{Size, KIB, MIB};
+
+#[global_allocator]
+static GLOBAL: QuotaAlloc = QuotaAlloc::new();
+
+/// A check's own watchdog budget; the parent kills the child at twice that.
+const BUDGET: Duration = Duration::from_secs(10);
+/// Longer than any step that must not wait should take, even on a loaded machine.
+const NO_WAIT: Duration = Duration::from_millis(250);
+
+fn main() {
+    support::run_isolated(
+        &[
+            (
+                "scope_reservations_at_the_process_limit_never_hang",
+                scope_reservations_at_the_process_limit_never_hang,
+            ),
+            ("no_false_oom_while_a_reclaim_can_make_room", no_false_oom_while_a_reclaim_can_make_room),
+            ("last_report_returns_while_refusals_happen", last_report_returns_while_refusals_happen),
+            (
+                "attached_small_allocation_below_its_min_share_does_not_wait",
+                attached_small_allocation_below_its_min_share_does_not_wait,
+            ),
+            (
+                "attached_small_allocation_past_its_full_share_is_not_refused",
+                attached_small_allocation_past_its_full_share_is_not_refused,
+            ),
+            (
+                "panicking_heap_probe_does_not_unwind_out_of_the_allocator",
+                panicking_heap_probe_does_not_unwind_out_of_the_allocator,
+            ),
+            (
+                "spill_callback_returning_u64_max_keeps_stats_sane",
+                spill_callback_returning_u64_max_keeps_stats_sane,
+            ),
+            (
+                "reclaim_callback_allocations_are_never_policed",
+                reclaim_callback_allocations_are_never_policed,
+            ),
+        ],
+        BUDGET,
+    );
+}
+
+fn mm() -> &'static MemoryManager {
+    MemoryManager::global()
+}
+
+fn try_alloc(bytes: u64) -> Option<Vec<u8>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(bytes as usize).ok()?;
+    Some(v)
+}
+
+/// Cache blocks of 1 MiB that reclaim callbacks drop.
+static CACHE: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+
+fn fill_cache(mib: usize) {
+    let mut cache = CACHE.lock().unwrap();
+    cache.reserve_exact(mib);
+    for _ in 0..mib {
+        cache.push(vec![7u8; MIB as usize]);
+    }
+}
+
+/// Drops cache blocks worth at least `need` bytes (try_lock: the allocating thread may
+/// hold the cache). Returns what it dropped.
+fn shrink_cache(need: usize) -> usize {
+    let Ok(mut cache) = CACHE.try_lock() else { return 0 };
+    let mut freed = 0;
+    while freed < need {
+        let Some(b) = cache.pop() else { break };
+        freed += b.len();
+    }
+    freed
+}
+
+fn print_first_report() {
+    let r = support::first_report();
+    if !r.is_empty() {
+        println!("  the first full report:");
+        for l in r.lines() {
+            println!("  | {l}");
+        }
+    }
+}
+
+// ---- a process-wide hang on the scope pool's spin lock ------------------------------
+
+static RESERVED: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Four threads, each in its own scope, reserve 3 x 16 MiB one after another under a
+/// 256 MiB limit with 100 MiB held outside any scope: 9 reservations fit, 3 do not.
+/// The refusals must come back as errors, not hang the process.
+fn scope_reservations_at_the_process_limit_never_hang() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|l| {
+        let _ = write!(l, "  reservations done per thread:");
+        for r in &RESERVED {
+            let _ = write!(l, " {}", r.load(SeqCst));
+        }
+        let _ = writeln!(l, " (of 3 each); refusals so far {}", memquota::stats().ooms);
+    });
+    let outside: Vec<u8> = Vec::with_capacity(100 * MIB as usize);
+    let ooms0 = memquota::stats().ooms;
+    let started = Instant::now();
+    let barrier = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                let scope = mm().begin("reserver", i as u64, 0).unwrap();
+                let mut held: Vec<Reservation> = Vec::with_capacity(3);
+                let (mut refused, mut other) = (0, 0);
+                barrier.wait();
+                for _ in 0..3 {
+                    match scope.reserve(16 * MIB) {
+                        Ok(r) => held.push(r),
+                        Err(Error::Refused { .. }) => refused += 1,
+                        Err(_) => other += 1,
+                    }
+                    RESERVED[i].fetch_add(1, SeqCst);
+                }
+                barrier.wait(); // every request is in before any memory is given back
+                let granted = held.len();
+                drop(held);
+                scope.end();
+                (granted, refused, other)
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let elapsed = started.elapsed();
+    let granted: usize = results.iter().map(|r| r.0).sum();
+    let refused: usize = results.iter().map(|r| r.1).sum();
+    let other: usize = results.iter().map(|r| r.2).sum();
+    let ooms = memquota::stats().ooms - ooms0;
+    println!(
+        "  {granted} granted, {refused} refused, {other} other errors, ooms +{ooms}, in {} ms",
+        elapsed.as_millis()
+    );
+    drop(outside);
+    assert_eq!(
+        (granted, refused, other),
+        (9, 3, 0),
+        "100 MiB + 9 x 16 MiB fit under 256 MiB, a tenth does not"
+    );
+    assert_eq!(ooms, 3, "each refusal is counted once");
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+}
+
+// ---- false OOMs while a reclaim could make room -------------------------------------
+
+/// Default settings but the limit: 60 MiB held, a 64 MiB cache the reclaim callback
+/// drops, 128 MiB limit. Twenty times, two threads released together each ask for
+/// 16 MiB, then free it. There is always room to reclaim: nothing may be refused.
+fn no_false_oom_while_a_reclaim_can_make_room() {
+    const ROUNDS: usize = 20;
+    static DONE: AtomicU64 = AtomicU64::new(0);
+    memquota::init(Config::new().limit(128 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|l| {
+        let _ = writeln!(l, "  requests done: {}", DONE.load(SeqCst));
+    });
+    let held: Vec<u8> = Vec::with_capacity(60 * MIB as usize);
+    fill_cache(64);
+    memquota::on_reclaim(|need| {
+        shrink_cache(need);
+    });
+    let before = memquota::stats();
+    let barrier = Arc::new(Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                let mut refused_rounds = Vec::with_capacity(ROUNDS);
+                for round in 0..ROUNDS {
+                    barrier.wait();
+                    let got = try_alloc(16 * MIB);
+                    DONE.fetch_add(1, SeqCst);
+                    if got.is_none() {
+                        refused_rounds.push((round, t));
+                    }
+                    barrier.wait(); // both asked; now both free
+                    drop(got);
+                }
+                refused_rounds
+            })
+        })
+        .collect();
+    let refused: Vec<(usize, usize)> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    let after = memquota::stats();
+    println!(
+        "  {} of {} requests refused (rounds, thread: {refused:?}); reclaims {} sync, {} background, \
+         {} throttled; cache left {} MiB",
+        refused.len(),
+        2 * ROUNDS,
+        after.reclaims_sync - before.reclaims_sync,
+        after.reclaims_background - before.reclaims_background,
+        after.reclaims_throttled - before.reclaims_throttled,
+        CACHE.lock().unwrap().len()
+    );
+    print_first_report();
+    drop(held);
+    assert!(refused.is_empty(), "{} false OOMs: the cache could always have made room", refused.len());
+}
+
+// ---- last_report() while refusals happen --------------------------------------------
+
+static ROUND: AtomicU64 = AtomicU64::new(0);
+
+/// The account at the limit, nothing to reclaim, a refusal has happened: then
+/// `last_report()`, which allocates its copy (about 900 bytes) while refusals take the
+/// same lock. With a 200-byte allocation between calls, the thread's unflushed count
+/// walks through its whole range in steps smaller than the copy, so one of the copies
+/// reaches the slow path at the limit: it must still return the report.
+fn last_report_returns_while_refusals_happen() {
+    memquota::init(Config::new().limit(16 * MIB)).unwrap(); // threshold 4 KiB
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|l| {
+        let _ = writeln!(l, "  last_report() call {} did not return", ROUND.load(SeqCst));
+    });
+    let mut held: Vec<Vec<u8>> = Vec::with_capacity(40_000);
+    // Stdout's buffer is allocated on first use, infallibly: before the limit is hit.
+    println!("  filling the budget");
+    for size in [MIB, 64 * KIB, 4 * KIB, KIB] {
+        while let Some(v) = try_alloc(size) {
+            held.push(v);
+        }
+    }
+    let s = memquota::stats();
+    println!("  at the limit: tracked {} of {}, {} refusals", Size(s.native), Size(s.limit), s.ooms);
+    assert!(s.ooms > 0, "the fill ends with a refusal");
+    let mut calls = 0;
+    for round in 0..64 {
+        ROUND.store(round, SeqCst);
+        let report = memquota::last_report();
+        calls += 1;
+        // The last report, full or a one-line summary of refusals within its window.
+        assert!(report.as_deref().is_some_and(|r| r.contains("refused")), "round {round}: {report:?}");
+        drop(report); // the next step must not be what crosses the thread's slack
+        if let Some(v) = try_alloc(200) {
+            if held.len() < held.capacity() {
+                held.push(v);
+            }
+        }
+    }
+    println!("  {calls} calls returned the report; {} refusals in all", memquota::stats().ooms);
+}
+
+// ---- a scope-attached thread's small allocation -------------------------------------
+
+/// The longest single allocation, and how many were refused, of `n` allocations of
+/// `size` bytes on this (attached) thread.
+fn small_allocations(n: usize, size: u64) -> (Duration, usize, Vec<Vec<u8>>) {
+    let mut kept = Vec::with_capacity(n);
+    let (mut longest, mut refused) = (Duration::ZERO, 0);
+    for _ in 0..n {
+        let t = Instant::now();
+        let got = try_alloc(size);
+        longest = longest.max(t.elapsed());
+        match got {
+            Some(v) => kept.push(v),
+            None => refused += 1,
+        }
+    }
+    (longest, refused, kept)
+}
+
+/// Refuse-min 1 MiB; a pool of 64 MiB that another scope has reserved whole. A thread
+/// attached to a second scope, which holds nothing (below its minimum share), makes
+/// 3 allocations of 64 KiB (each reaches the slow path): none may wait or be refused.
+fn attached_small_allocation_below_its_min_share_does_not_wait() {
+    memquota::init(Config::new().limit(256 * MIB).refuse_min(MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|_| {});
+    mm().set_pool(64 * MIB);
+    let hog = mm().begin("hog", 1, 0).unwrap();
+    let all = hog.reserve(64 * MIB).unwrap();
+    let late = mm().begin("late", 2, 0).unwrap();
+    let g = late.attach().unwrap();
+    let (longest, refused, kept) = small_allocations(3, 64 * KIB);
+    drop(g);
+    println!("  3 allocations of 64 KiB: the longest took {} ms, {refused} refused", longest.as_millis());
+    drop((kept, all));
+    late.end();
+    hog.end();
+    assert_eq!(refused, 0, "a request under refuse_min is never refused");
+    assert!(longest < NO_WAIT, "a request under refuse_min never waits: one took {longest:?}");
+}
+
+/// Refuse-min 1 MiB; two scopes share a 64 MiB pool (32 MiB each). The attached
+/// thread's scope reserved its whole share and used it; 16 more allocations of 64 KiB
+/// (under refuse_min) must be granted at once, as over-commit.
+fn attached_small_allocation_past_its_full_share_is_not_refused() {
+    memquota::init(Config::new().limit(256 * MIB).refuse_min(MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|_| {});
+    mm().set_pool(64 * MIB);
+    let other = mm().begin("other", 1, 0).unwrap();
+    let full = mm().begin("full", 2, 0).unwrap();
+    let share = full.reserve(32 * MIB).unwrap();
+    let g = full.attach().unwrap();
+    let used = try_alloc(32 * MIB).expect("covered by the reservation");
+    let (longest, refused, kept) = small_allocations(16, 64 * KIB);
+    drop(g);
+    println!(
+        "  16 allocations of 64 KiB past a full share: the longest took {} ms, {refused} refused",
+        longest.as_millis()
+    );
+    let g = full.attach().unwrap();
+    drop((kept, used));
+    drop(g);
+    drop(share);
+    full.end();
+    other.end();
+    assert_eq!(refused, 0, "a request under refuse_min is never refused");
+    assert!(longest < NO_WAIT, "a request under refuse_min never waits: one took {longest:?}");
+}
+
+// ---- a panicking heap probe ---------------------------------------------------------
+
+struct ProbePanic;
+static PROBE_CALLS: AtomicU64 = AtomicU64::new(0);
+static RECLAIMS: AtomicU64 = AtomicU64::new(0);
+
+/// A heap-probe function that panics. Allocations that reach the slow path (and read
+/// the probe) must not unwind out of the global allocator, and a later reclaim must
+/// still run and make room.
+fn panicking_heap_probe_does_not_unwind_out_of_the_allocator() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|l| {
+        let _ = writeln!(l, "  probe called {} times", PROBE_CALLS.load(SeqCst));
+    });
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload().is::<ProbePanic>() {
+            support::say(format_args!("  (the heap probe panicked, call {})\n", PROBE_CALLS.load(SeqCst)));
+        } else {
+            memquota::set_limit(1 << 50);
+            default(info);
+        }
+    }));
+    fill_cache(40);
+    memquota::on_reclaim(|need| {
+        RECLAIMS.fetch_add(1, SeqCst);
+        shrink_cache(need);
+    });
+    memquota::set_heap_probe(HeapProbe::Function(Box::new(|| {
+        PROBE_CALLS.fetch_add(1, SeqCst);
+        std::panic::panic_any(ProbePanic)
+    })));
+    // Each measured allocation has its own catch; the outer one catches a panic out of
+    // any other allocation made while the probe is installed.
+    // Called through an opaque pointer: the allocator's entry points are declared not
+    // to unwind, so a direct call would let the compiler drop the catch around it, and
+    // an escaping panic would fly past every catch_unwind of this check.
+    let alloc: fn(u64) -> Option<Vec<u8>> = std::hint::black_box(try_alloc);
+    let measured = catch_unwind(|| {
+        // Under the limit: 8 allocations of 2 MiB, each on the slow path.
+        let (mut escaped, mut granted, mut refused) = (0, 0, 0);
+        for _ in 0..8 {
+            match catch_unwind(|| alloc(2 * MIB).map(drop)) {
+                Err(_) => escaped += 1,
+                Ok(Some(())) => granted += 1,
+                Ok(None) => refused += 1,
+            }
+        }
+        // Over the limit: 40 MiB more than the room left, with 40 MiB of cache to drop.
+        let big = match catch_unwind(|| alloc(40 * MIB).map(drop)) {
+            Err(_) => "a panic escaped",
+            Ok(Some(())) => "granted",
+            Ok(None) => "refused",
+        };
+        (escaped, granted, refused, big)
+    });
+    let calls = PROBE_CALLS.load(SeqCst);
+    memquota::set_heap_probe(HeapProbe::None);
+    memquota::set_heap_bytes(HeapBytes::default());
+    let reclaims = RECLAIMS.load(SeqCst);
+    match measured {
+        Err(_) => {
+            println!("  probe called {calls} times; a panic escaped an allocation outside the measured ones")
+        }
+        Ok((escaped, granted, refused, big)) => println!(
+            "  probe called {calls} times; 2 MiB x 8: {granted} granted, {refused} refused, {escaped} panics \
+             escaped the allocator; 40 MiB over the limit: {big}; reclaims run {reclaims}"
+        ),
+    }
+    assert!(calls > 0, "the probe was read");
+    let Ok((escaped, _, _, big)) = measured else { panic!("a panic unwound out of the global allocator") };
+    assert_eq!(escaped, 0, "a panic unwound out of the global allocator");
+    assert_ne!(big, "a panic escaped", "a panic unwound out of the global allocator (over the limit)");
+    assert!(reclaims > 0, "no reclaim ran after the probe panicked");
+    assert_eq!(big, "granted", "the reclaim could make room: the request must be granted");
+}
+
+// ---- a spill callback that returns u64::MAX -----------------------------------------
+
+/// A consumer whose spill gives back its one reservation and says how much.
+fn honest(scope: &memquota::TaskScope, bytes: u64) -> memquota::Consumer {
+    let held: Arc<Mutex<Option<Reservation>>> = Arc::new(Mutex::new(None));
+    let h2 = Arc::clone(&held);
+    let c = scope.consumer("honest", move |_| h2.lock().unwrap().take().map_or(0, |r| r.bytes())).unwrap();
+    *held.lock().unwrap() = Some(c.reserve(bytes).unwrap());
+    c
+}
+
+/// A spill callback that frees nothing and returns `u64::MAX`: the counters must not
+/// wrap (nothing goes backwards), nothing may panic under the pool's lock, and the
+/// request that spilled is refused with an error.
+fn spill_callback_returning_u64_max_keeps_stats_sane() {
+    memquota::init(Config::new().limit(1 << 34)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|_| {});
+    let scope = mm().begin("spilling", 1, 0).unwrap();
+    scope.set_cap(Some(16 * MIB));
+    let fair = honest(&scope, 8 * MIB);
+    let first = scope.reserve(12 * MIB).expect("the honest consumer spills its 8 MiB");
+    drop(first);
+    let s0 = mm().snapshot();
+    let liar = scope.consumer("liar", |_| u64::MAX).unwrap();
+    let _lie = liar.reserve(8 * MIB).unwrap();
+    let mut rounds = Vec::new();
+    for _ in 0..2 {
+        let got = catch_unwind(AssertUnwindSafe(|| scope.reserve(12 * MIB)));
+        let snap = mm().snapshot();
+        let spilled = liar.stats().map(|c| (c.spills, c.spilled_bytes));
+        rounds.push((
+            got.as_ref().map(|r| r.as_ref().map(|r| r.bytes()).map_err(|e| e.to_string())).ok(),
+            snap.spills,
+            snap.spilled_bytes,
+            spilled,
+        ));
+        drop(got);
+    }
+    println!("  before the liar: {} spills, {} bytes spilled in all", s0.spills, s0.spilled_bytes);
+    for (i, (got, spills, total, liar)) in rounds.iter().enumerate() {
+        println!("  round {i}: reserve -> {got:?}; {spills} spills, {total} bytes spilled in all; liar (spills, bytes) {liar:?}");
+    }
+    drop(_lie);
+    let _ = fair;
+    scope.end();
+    for (i, (got, _, _, _)) in rounds.iter().enumerate() {
+        assert!(got.is_some(), "round {i}: reserve panicked");
+        assert!(matches!(got, Some(Err(_))), "round {i}: nothing was freed, the request cannot fit: {got:?}");
+    }
+    let totals: Vec<u64> = std::iter::once(s0.spilled_bytes).chain(rounds.iter().map(|r| r.2)).collect();
+    assert!(
+        totals.windows(2).all(|w| w[1] >= w[0]),
+        "the total of spilled bytes went backwards (wrapped): {totals:?}"
+    );
+    let liar_bytes: Vec<u64> = rounds.iter().filter_map(|r| r.3.map(|c| c.1)).collect();
+    assert!(
+        liar_bytes.windows(2).all(|w| w[1] >= w[0]),
+        "the consumer's spilled bytes went backwards (wrapped): {liar_bytes:?}"
+    );
+    assert_eq!(rounds[1].1, rounds[0].1 + 1, "each spill is counted");
+}
+
+// ---- a reclaim callback's allocations ----------------------------------------------
+
+static CB_RUNS: AtomicU64 = AtomicU64::new(0);
+static CB_REFUSED: AtomicU64 = AtomicU64::new(0);
+static CB_LONGEST_MS: AtomicU64 = AtomicU64::new(0);
+static IN_CB: AtomicBool = AtomicBool::new(false);
+static REENTERED: AtomicBool = AtomicBool::new(false);
+
+/// A reclaim callback allocates twice (1 MiB each, both on the slow path) before it
+/// frees anything, with the budget exhausted: memory the callbacks allocate is counted
+/// but never policed, so both are granted at once and no reclaim starts inside.
+fn reclaim_callback_allocations_are_never_policed() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|l| {
+        let _ = writeln!(
+            l,
+            "  callback runs {}, its refused allocations {}",
+            CB_RUNS.load(SeqCst),
+            CB_REFUSED.load(SeqCst)
+        );
+    });
+    // The budget exhausted: 48 MiB of cache, the rest in blocks of 256 KiB.
+    fill_cache(48);
+    let mut held = Vec::with_capacity(128);
+    while let Some(v) = try_alloc(256 * KIB) {
+        held.push(v);
+    }
+    memquota::on_reclaim(|need| {
+        if IN_CB.swap(true, SeqCst) {
+            REENTERED.store(true, SeqCst);
+        }
+        CB_RUNS.fetch_add(1, SeqCst);
+        let mut scratch = Vec::with_capacity(2);
+        for _ in 0..2 {
+            let t = Instant::now();
+            let got = try_alloc(MIB);
+            CB_LONGEST_MS.fetch_max(t.elapsed().as_millis() as u64, SeqCst);
+            match got {
+                Some(v) => scratch.push(v),
+                None => {
+                    CB_REFUSED.fetch_add(1, SeqCst);
+                }
+            }
+        }
+        shrink_cache(need + 2 * MIB as usize);
+        drop(scratch);
+        IN_CB.store(false, SeqCst);
+    });
+    let ooms0 = memquota::stats().ooms;
+    let t = Instant::now();
+    let got = try_alloc(16 * MIB);
+    let took = t.elapsed();
+    let ooms = memquota::stats().ooms - ooms0;
+    println!(
+        "  16 MiB over the limit: {} in {} ms; callback runs {}, its allocations refused {}, the longest took {} ms; \
+         a reclaim inside a reclaim: {}; ooms +{ooms}",
+        if got.is_some() { "granted" } else { "refused" },
+        took.as_millis(),
+        CB_RUNS.load(SeqCst),
+        CB_REFUSED.load(SeqCst),
+        CB_LONGEST_MS.load(SeqCst),
+        REENTERED.load(SeqCst)
+    );
+    drop((got, held));
+    assert_eq!(CB_REFUSED.load(SeqCst), 0, "a callback's allocation was refused");
+    assert!(!REENTERED.load(SeqCst), "a reclaim ran inside a reclaim");
+    assert!(CB_LONGEST_MS.load(SeqCst) < NO_WAIT.as_millis() as u64, "a callback's allocation waited");
+    assert_eq!(ooms, 0, "the reclaim made room: nothing is refused");
+}
