@@ -1,7 +1,8 @@
 //! `libmemquota.so`: the memquota budget for any program, by `LD_PRELOAD`.
 //!
 //! The only crate of the workspace that exports C symbols: the malloc family over
-//! jemalloc's prefixed `_rjem_*` functions, C++ `operator new`/`delete`, and the
+//! jemalloc's prefixed `_rjem_*` functions, jemalloc's own API (`mallocx`, `mallctl`,
+//! ...) for programs linked with jemalloc, C++ `operator new`/`delete`, and the
 //! `memquota_*` C ABI of `include/memquota.h`. The quota engine is the `memquota`
 //! library's; this crate only translates.
 //!
@@ -19,6 +20,7 @@ mod exit_report;
 mod init;
 mod internal;
 pub mod java_api;
+pub mod jemalloc_api;
 mod jvm_gate;
 pub mod malloc;
 mod size_class;
