@@ -49,6 +49,9 @@ fn credit(bytes: usize) {
 pub(crate) fn slow(bytes: i64) -> bool {
     let saved = errno();
     let ok = face::charge_slow(&FACE, bytes);
+    if slot().allocated.get().is_null() {
+        crate::tls::find_totals(); // a thread that could not find them on its first
+    }
     set_errno(saved);
     ok
 }

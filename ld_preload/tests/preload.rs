@@ -44,9 +44,11 @@ fn built() -> &'static Built {
     })
 }
 
-/// A program linked with Debian's jemalloc (`-ljemalloc`) that uses jemalloc's own API.
+/// Programs linked with Debian's jemalloc (`-ljemalloc`): `jemapi` uses jemalloc's
+/// own API; `jemapi_conf` also compiles a `malloc_conf` in.
 struct LinkedWithJemalloc {
     jemapi: PathBuf,
+    jemapi_conf: PathBuf,
 }
 
 fn linked_with_jemalloc() -> &'static LinkedWithJemalloc {
@@ -59,11 +61,13 @@ fn linked_with_jemalloc() -> &'static LinkedWithJemalloc {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/jemapi.c");
         let out = std::env::temp_dir().join(format!("memquota-jemapi-tests-{}", std::process::id()));
         std::fs::create_dir_all(&out).unwrap();
-        let b = LinkedWithJemalloc { jemapi: out.join("jemapi") };
-        let mut cmd = Command::new("gcc");
-        cmd.args(["-O1", "-g", "-Wall", "-Werror", "-pthread"]).arg(&src);
-        let status = cmd.arg("-o").arg(&b.jemapi).arg("-ljemalloc").status().unwrap();
-        assert!(status.success(), "gcc {} failed", src.display());
+        let b = LinkedWithJemalloc { jemapi: out.join("jemapi"), jemapi_conf: out.join("jemapi_conf") };
+        for (exe, extra) in [(&b.jemapi, None), (&b.jemapi_conf, Some("-DPROGRAM_MALLOC_CONF"))] {
+            let mut cmd = Command::new("gcc");
+            cmd.args(["-O1", "-g", "-Wall", "-Werror", "-pthread"]).args(extra).arg(&src);
+            let status = cmd.arg("-o").arg(exe).arg("-ljemalloc").status().unwrap();
+            assert!(status.success(), "gcc {} failed", src.display());
+        }
         b
     })
 }
@@ -568,4 +572,83 @@ fn jemalloc_api_refusals_are_null_or_no_change_with_a_report() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("memquota: allocation refused: 512.0 MiB (536870912) requested"), "{stderr}");
     assert!(stderr.contains("memquota: exact after oom"), "{stderr}");
+}
+
+/// The `conf` mode's output under the preload with `env`, checked.
+fn conf_under(env: &[(&str, &str)]) -> (String, String) {
+    let out = preloaded(&linked_with_jemalloc().jemapi, &["conf"], env);
+    (stdout_of(&out, &format!("conf {env:?}")), text(&out.stderr))
+}
+
+#[test]
+fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
+    // The defaults, then dirty_decay_ms:0 by MALLOC_CONF: read back from memquota's
+    // jemalloc (its statistics see the program's malloc), and freed pages are purged
+    // at once instead of kept.
+    let (defaults, _) = conf_under(&[]);
+    for line in ["opt.dirty_decay_ms 10000", "stats.allocated sees malloc 1", "dirty pages after free kept"] {
+        assert!(defaults.contains(line), "{line}: {defaults}");
+    }
+    let set = [("MALLOC_CONF", "dirty_decay_ms:0")];
+    let (stdout, stderr) = conf_under(&set);
+    for line in [
+        "opt.dirty_decay_ms 0",
+        "arenas.dirty_decay_ms 0",
+        "stats.allocated sees malloc 1",
+        "dirty pages after free none",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    assert!(!stderr.contains("memquota:") && !stderr.contains("<jemalloc>"), "{stderr}");
+    // What Debian's jemalloc does with the same setting.
+    assert_eq!(stdout_of(&plain(&linked_with_jemalloc().jemapi, &["conf"], &set), "conf"), stdout);
+    // The prefixed variable still works, and wins an option both set.
+    let (stdout, _) = conf_under(&[("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")]);
+    assert!(stdout.contains("opt.dirty_decay_ms 0"), "{stdout}");
+    let (stdout, _) = conf_under(&[
+        ("MALLOC_CONF", "muzzy_decay_ms:1000,dirty_decay_ms:0"),
+        ("_RJEM_MALLOC_CONF", "dirty_decay_ms:5000"),
+    ]);
+    assert!(
+        stdout.contains("opt.dirty_decay_ms 5000") && stdout.contains("opt.muzzy_decay_ms 1000"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn malloc_conf_background_threads_start_without_a_deadlock() {
+    // jemalloc starts its background thread from its first allocation, holding a
+    // lock that its first mallctl takes too: memquota's must not be that mallctl.
+    // In a C++ program that first allocation is libstdc++'s emergency pool (71 KiB,
+    // whose size class the preload asks of nallocx, which starts jemalloc), before the
+    // library's constructor; it deadlocked with either variable.
+    let (stdout, _) = conf_under(&[("MALLOC_CONF", "background_thread:true")]);
+    assert!(stdout.contains("opt.background_thread 1"), "{stdout}");
+    assert!(stdout.contains("stats.allocated sees malloc 1"), "memquota's jemalloc answered: {stdout}");
+    for var in JEMALLOC_VARS {
+        let env = [(var, "background_thread:true"), ("MEMQUOTA_LIMIT", "1g")];
+        assert_ok(&preloaded(&built().cxx, &[], &env), "C++ with background threads");
+        assert_ok(&probe(&["entry"], &env), "entry with background threads");
+    }
+}
+
+#[test]
+fn malloc_conf_settings_without_effect_are_named() {
+    // memquota's realloc(p, 0) frees, whatever jemalloc was told.
+    let (_, stderr) = conf_under(&[("MALLOC_CONF", "zero_realloc:alloc,dirty_decay_ms:0")]);
+    assert!(
+        stderr.contains("memquota: MALLOC_CONF: zero_realloc:alloc has no effect: realloc(p, 0) frees p"),
+        "{stderr}"
+    );
+    // jemalloc names what it does not know (this one is built without profiling).
+    let (_, stderr) = conf_under(&[("MALLOC_CONF", "prof:true")]);
+    assert!(stderr.contains("<jemalloc>: Invalid conf pair: prof:true"), "{stderr}");
+    // Options compiled into the program are for the jemalloc it links.
+    let out = preloaded(&linked_with_jemalloc().jemapi_conf, &["conf"], &[]);
+    assert_ok(&out, "jemapi_conf");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("memquota: the program's malloc_conf \"narenas:1\" is for the jemalloc"),
+        "{stderr}"
+    );
 }
