@@ -13,6 +13,8 @@ need=()
 for tool in gcc:gcc g++:g++ nm:binutils timeout:coreutils sort:coreutils java:default-jdk-headless javac:default-jdk-headless python3:python3; do
     command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
+# The preload's jemalloc API tests compile a program with -ljemalloc (Debian's jemalloc).
+[ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo

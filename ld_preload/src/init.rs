@@ -61,7 +61,9 @@ pub(crate) fn env_lookup(var: &'static str) -> Option<String> {
 }
 
 extern "C" fn on_load() {
-    crate::size_class::self_check();
+    crate::size_class::self_check(); // jemalloc has started by now, if it had not
+    crate::tls::ctl_ready();
+    crate::malloc_conf::warn_about_what_has_no_effect();
     let mut config =
         Config::from_lookup(with_preload_defaults(env_lookup)).unwrap_or_else(|e| fail(&e.to_string()));
     let metrics = config.take_metrics_addr();

@@ -1,9 +1,11 @@
 //! `libmemquota.so`: the memquota budget for any program, by `LD_PRELOAD`.
 //!
 //! The only crate of the workspace that exports C symbols: the malloc family over
-//! jemalloc's prefixed `_rjem_*` functions, C++ `operator new`/`delete`, and the
+//! jemalloc's prefixed `_rjem_*` functions, jemalloc's own API (`mallocx`, `mallctl`,
+//! ...) for programs linked with jemalloc, C++ `operator new`/`delete`, and the
 //! `memquota_*` C ABI of `include/memquota.h`. The quota engine is the `memquota`
-//! library's; this crate only translates.
+//! library's; this crate only translates. jemalloc takes its options from
+//! `MALLOC_CONF` as well as its own `_RJEM_MALLOC_CONF` (`malloc_conf.rs`).
 //!
 //! Accounting is in jemalloc's usable sizes, read from jemalloc's own per-thread
 //! totals of bytes allocated and freed around each call: `free(p)` and `malloc(n)`
@@ -19,7 +21,9 @@ mod exit_report;
 mod init;
 mod internal;
 pub mod java_api;
+pub mod jemalloc_api;
 mod jvm_gate;
 pub mod malloc;
+mod malloc_conf;
 mod size_class;
 mod tls;

@@ -5,7 +5,7 @@
 //! do not interpose themselves.
 
 use crate::size_class::usable;
-use crate::tls::{local, slot, FACE};
+use crate::tls::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
 use memquota_core::face;
 use std::ptr::null_mut;
@@ -30,7 +30,7 @@ fn set_errno(e: c_int) {
 
 /// Charges `bytes` before memory is taken; false: refused (the report is written).
 #[inline(always)]
-fn charge(bytes: usize) -> bool {
+pub(crate) fn charge(bytes: usize) -> bool {
     face::try_charge(local(), bytes as u64) || slow(bytes as i64)
 }
 
@@ -46,9 +46,12 @@ fn credit(bytes: usize) {
 /// `malloc` has no business changing it either.
 #[cold]
 #[inline(never)]
-fn slow(bytes: i64) -> bool {
+pub(crate) fn slow(bytes: i64) -> bool {
     let saved = errno();
     let ok = face::charge_slow(&FACE, bytes);
+    if slot().allocated.get().is_null() {
+        crate::tls::find_totals(); // a thread that could not find them on its first
+    }
     set_errno(saved);
     ok
 }
@@ -63,32 +66,111 @@ fn enomem() -> *mut c_void {
 /// path. Larger ones are charged before memory is taken.
 const CHARGE_AFTER_MAX: usize = 4096;
 
+/// The jemalloc call that serves an allocation.
+#[derive(Clone, Copy)]
+pub(crate) enum Take {
+    /// `malloc(n)`.
+    Malloc,
+    /// `mallocx(n, flags)`: jemalloc's flags (alignment, zero, tcache, arena).
+    Mallocx(c_int),
+}
+
+impl Take {
+    /// The flags that describe the block to `sdallocx` and `nallocx`.
+    #[inline(always)]
+    fn flags(self) -> c_int {
+        match self {
+            Take::Malloc => 0,
+            Take::Mallocx(flags) => flags,
+        }
+    }
+
+    /// Whether a request of fewer than [`CHARGE_AFTER_MAX`] bytes this way stays under
+    /// it whatever jemalloc makes of it: its alignment (`MALLOCX_LG_ALIGN`, the low
+    /// six bits of the flags) is under it too.
+    #[inline(always)]
+    fn small_alignment(self) -> bool {
+        1usize << (self.flags() & 63) < CHARGE_AFTER_MAX
+    }
+
+    /// Allocates.
+    ///
+    /// # Safety
+    /// For [`Take::Mallocx`], `n >= 1` and the flags are valid for jemalloc's
+    /// `mallocx` (an arena or tcache they name exists).
+    #[inline(always)]
+    unsafe fn call(self, n: size_t) -> *mut c_void {
+        match self {
+            // SAFETY: plain jemalloc malloc.
+            Take::Malloc => unsafe { jem::malloc(n) },
+            // SAFETY: n >= 1 and valid flags (this function's contract).
+            Take::Mallocx(flags) => unsafe { jem::mallocx(n, flags) },
+        }
+    }
+}
+
 /// `malloc`.
 #[inline(always)]
 fn alloc(n: size_t) -> *mut c_void {
     let s = slot();
     let total = s.allocated.get();
     if n < CHARGE_AFTER_MAX && !total.is_null() {
-        // SAFETY: `total` points into this thread's jemalloc state
-        // (thread.allocatedp), valid while the thread lives, written only by it.
-        let before = unsafe { total.read_volatile() };
-        // SAFETY: plain jemalloc malloc.
-        let p = unsafe { jem::malloc(n) };
-        if p.is_null() {
-            return enomem();
-        }
-        // SAFETY: `total` still points into this thread's jemalloc state, which lives
-        // as long as the thread; jemalloc has just written it, on this thread.
-        let size = (unsafe { total.read_volatile() }).wrapping_sub(before) as usize;
-        if face::try_charge(&s.local, size as u64) || slow(size as i64) {
-            return p;
-        }
-        // Refused: give the few bytes back uncounted (they were never charged).
-        // SAFETY: `p` is the live block just allocated, `size` its usable size.
-        unsafe { jem::sdallocx(p, size, 0) };
-        return enomem();
+        // SAFETY: `total` is this thread's thread.allocatedp (just read from its slot);
+        // Take::Malloc has no precondition.
+        return unsafe { charge_after(s, total, n, Take::Malloc) };
     }
     charge_first(n)
+}
+
+/// `mallocx`: under [`CHARGE_AFTER_MAX`] with an alignment under it too, charged just
+/// after like `malloc`; otherwise before memory is taken, with `nallocx`.
+///
+/// # Safety
+/// [`Take::call`]'s for [`Take::Mallocx`]: `n >= 1`, the flags valid for `mallocx`.
+#[inline(always)]
+pub(crate) unsafe fn alloc_flags(n: size_t, flags: c_int) -> *mut c_void {
+    let take = Take::Mallocx(flags);
+    let s = slot();
+    let total = s.allocated.get();
+    if n < CHARGE_AFTER_MAX && take.small_alignment() && !total.is_null() {
+        // SAFETY: `total` is this thread's thread.allocatedp (just read from its slot);
+        // this function's contract is Take::call's.
+        return unsafe { charge_after(s, total, n, take) };
+    }
+    // SAFETY: nallocx has no preconditions; with mallocx's size and flags it gives the
+    // usable size mallocx will return.
+    let size = unsafe { jem::nallocx(n, flags) };
+    // SAFETY: this function's contract is Take::call's.
+    charged(size, || unsafe { take.call(n) })
+}
+
+/// Allocates a small block `take`, then charges what jemalloc's per-thread total of
+/// allocated bytes moved by; refused, the block goes straight back.
+///
+/// # Safety
+/// `total` is the calling thread's `thread.allocatedp` (from its slot, non-null);
+/// [`Take::call`]'s contract for `take` and `n`.
+#[inline(always)]
+unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, take: Take) -> *mut c_void {
+    // SAFETY: `total` points into this thread's jemalloc state (thread.allocatedp),
+    // valid while the thread lives, written only by it (this function's contract).
+    let before = unsafe { total.read_volatile() };
+    // SAFETY: this function's contract is Take::call's.
+    let p = unsafe { take.call(n) };
+    if p.is_null() {
+        return enomem();
+    }
+    // SAFETY: `total` still points into this thread's jemalloc state, which lives as
+    // long as the thread; jemalloc has just written it, on this thread.
+    let size = (unsafe { total.read_volatile() }).wrapping_sub(before) as usize;
+    if face::try_charge(&s.local, size as u64) || slow(size as i64) {
+        return p;
+    }
+    // Refused: give the few bytes back uncounted (they were never charged).
+    // SAFETY: `p` is the live block just allocated with these flags, `size` its usable
+    // size.
+    unsafe { jem::sdallocx(p, size, take.flags()) };
+    enomem()
 }
 
 /// `malloc`, charging the usable size of `n` before memory is taken.
@@ -100,7 +182,7 @@ fn charge_first(n: size_t) -> *mut c_void {
 
 /// Charges `size` usable bytes (0: too large to allocate), then lets `take` allocate;
 /// gives the charge back if jemalloc fails.
-fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
+pub(crate) fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
     if size == 0 {
         return enomem();
     }
@@ -163,15 +245,59 @@ fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
     charged(size, || unsafe { jem::mallocx(n, flags) })
 }
 
-/// `free`: the size is what jemalloc's per-thread total of freed bytes moved by,
-/// so the free costs jemalloc's own lookup and nothing more. Before the thread's
-/// first slow path has found that total, ask `sallocx` (a second lookup).
+/// How a block goes back to jemalloc.
+#[derive(Clone, Copy)]
+pub(crate) enum GiveBack {
+    /// `free(p)`.
+    Free,
+    /// `dallocx(p, flags)`.
+    Dallocx(c_int),
+    /// `sdallocx(p, size, flags)`.
+    Sdallocx(size_t, c_int),
+}
+
+impl GiveBack {
+    /// Gives `p` back.
+    ///
+    /// # Safety
+    /// `p` is a live jemalloc block, not used after; for [`GiveBack::Dallocx`] and
+    /// [`GiveBack::Sdallocx`], the flags (and the size) describe it as jemalloc's
+    /// `dallocx` and `sdallocx` require.
+    #[inline(always)]
+    unsafe fn call(self, p: *mut c_void) {
+        match self {
+            // SAFETY: a live jemalloc block (this function's contract).
+            GiveBack::Free => unsafe { jem::free(p) },
+            // SAFETY: a live jemalloc block, valid flags (this function's contract).
+            GiveBack::Dallocx(flags) => unsafe { jem::dallocx(p, flags) },
+            // SAFETY: a live jemalloc block, its size and flags (this function's contract).
+            GiveBack::Sdallocx(size, flags) => unsafe { jem::sdallocx(p, size, flags) },
+        }
+    }
+}
+
+/// `free`.
 ///
 /// # Safety
 /// `p` is null, or a live block of this allocator (from the malloc family or C++
 /// `new`) not given back since; it is not used after.
 #[inline(always)]
 unsafe fn release(p: *mut c_void) {
+    // SAFETY: this function's contract is release_by's, for `free`.
+    unsafe { release_by(p, GiveBack::Free) }
+}
+
+/// Gives a block back `how` and credits its size: what jemalloc's per-thread total
+/// of freed bytes moved by, so the free costs jemalloc's own lookup and nothing more.
+/// Before the thread's first slow path has found that total, ask `sallocx` (a second
+/// lookup).
+///
+/// # Safety
+/// `p` is null, or a live block of this allocator (from the malloc family, jemalloc's
+/// API or C++ `new`) not given back since, that [`GiveBack::call`] may give back
+/// `how`; it is not used after.
+#[inline(always)]
+pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
     if p.is_null() {
         return;
     }
@@ -181,17 +307,17 @@ unsafe fn release(p: *mut c_void) {
     let size = if freed.is_null() {
         // SAFETY: `p` is non-null here, so a live jemalloc block (this function's contract).
         let size = unsafe { jem::sallocx(p, 0) };
-        // SAFETY: `p` is a live jemalloc block (this function's contract) and `size` its
-        // usable size, within what sdallocx accepts; `p` is not used after.
-        unsafe { jem::sdallocx(p, size, 0) };
+        // SAFETY: a live block `how` may give back (this function's contract), not
+        // used after.
+        unsafe { how.call(p) };
         size
     } else {
         // SAFETY: `freed` points into this thread's jemalloc state (thread.deallocatedp),
         // valid while the thread lives; jemalloc writes it only on this thread.
         let before = unsafe { freed.read_volatile() };
-        // SAFETY: `p` is non-null here, so a live jemalloc block (this function's
-        // contract), not used after.
-        unsafe { jem::free(p) };
+        // SAFETY: `p` is non-null here, so a live block `how` may give back (this
+        // function's contract), not used after.
+        unsafe { how.call(p) };
         // SAFETY: `freed` still points into this thread's jemalloc state, which lives
         // as long as the thread; jemalloc has just written it, on this thread.
         (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
@@ -215,9 +341,35 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         unsafe { release(p) }; // glibc: realloc(p, 0) frees p and returns NULL
         return null_mut();
     }
-    // SAFETY: `p` is non-null here, so a live jemalloc block (this function's contract).
+    // SAFETY: `p` is non-null and `n` non-zero here; the rest is this function's contract.
+    unsafe { resize_by(p, n, Resize::Realloc) }
+}
+
+/// The jemalloc call that moves a block.
+#[derive(Clone, Copy)]
+pub(crate) enum Resize {
+    /// `realloc(p, n)`.
+    Realloc,
+    /// `rallocx(p, n, flags)`.
+    Rallocx(c_int),
+}
+
+/// Resizes the live block `p` to `n` bytes `how`: the growth estimated and charged
+/// before, corrected to what jemalloc holds after.
+///
+/// # Safety
+/// `p` is a live block of this allocator not given back since, `n >= 1`; for
+/// [`Resize::Rallocx`], the flags are valid for jemalloc's `rallocx` (an arena or
+/// tcache they name exists). Unless this returns null (`p` then stays live), `p` is
+/// given back and not used after.
+pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c_void {
+    // SAFETY: `p` is a live jemalloc block (this function's contract).
     let old = unsafe { jem::sallocx(p, 0) };
-    let estimate = usable(n);
+    let estimate = match how {
+        Resize::Realloc => usable(n),
+        // SAFETY: nallocx has no preconditions.
+        Resize::Rallocx(flags) => unsafe { jem::nallocx(n, flags) },
+    };
     if estimate == 0 {
         return enomem();
     }
@@ -231,8 +383,13 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         }
         return enomem();
     }
-    // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
-    let q = unsafe { jem::realloc(p, n) };
+    let q = match how {
+        // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
+        Resize::Realloc => unsafe { jem::realloc(p, n) },
+        // SAFETY: `p` is a live jemalloc block, n >= 1, valid flags (this function's
+        // contract).
+        Resize::Rallocx(flags) => unsafe { jem::rallocx(p, n, flags) },
+    };
     if q.is_null() {
         if grow > 0 {
             credit(grow);
@@ -243,7 +400,7 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
-    // SAFETY: `q` is non-null, so the live block realloc just returned.
+    // SAFETY: `q` is non-null, so the live block jemalloc just returned.
     let now = unsafe { jem::sallocx(q, 0) };
     let counted = old + grow;
     if now != counted {

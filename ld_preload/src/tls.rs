@@ -9,7 +9,7 @@
 
 use memquota_core::face::{self, Face, Local};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
 /// What the preload keeps per thread: the ledger, and where jemalloc keeps this
 /// thread's running total of bytes freed, so `free` can learn a block's size from
@@ -107,9 +107,36 @@ fn counter(name: &std::ffi::CStr) -> *const u64 {
     }
 }
 
+/// Whether jemalloc's control tree has been set up, so that finding a thread's
+/// totals takes no lock. Before, a thread's first slow path may run inside jemalloc's
+/// own `pthread_create`: jemalloc starts a background thread (`background_thread:true`)
+/// holding its `background_thread_lock`, and the new thread's TLS is `calloc`'ed on
+/// the creating thread. The first `mallctl` sets the tree up by reading every
+/// background thread's statistics under that same lock: a deadlock. So the tree is set
+/// up from the constructor ([`ctl_ready`]), and until then threads leave their totals
+/// null (`free` asks `sallocx`, `malloc` charges first) and find them on a later slow
+/// path ([`find_totals`]).
+static CTL_READY: AtomicBool = AtomicBool::new(false);
+
+/// Points the calling thread's slot at its jemalloc totals, once jemalloc's control
+/// tree is set up (a no-op before).
+pub(crate) fn find_totals() {
+    if CTL_READY.load(Acquire) {
+        slot().allocated.set(counter(c"thread.allocatedp"));
+        slot().deallocated.set(counter(c"thread.deallocatedp"));
+    }
+}
+
+/// From the constructor, outside any jemalloc call: sets jemalloc's control tree up,
+/// then lets threads find their totals.
+pub(crate) fn ctl_ready() {
+    let _ = counter(c"thread.allocatedp"); // the first mallctl sets the tree up
+    CTL_READY.store(true, Release);
+    find_totals();
+}
+
 fn register_exit() -> bool {
-    slot().allocated.set(counter(c"thread.allocatedp"));
-    slot().deallocated.set(counter(c"thread.deallocatedp"));
+    find_totals();
     let key = match KEY.load(Acquire) {
         k if k >= 2 => k - 2,
         _ => match create_key() {

@@ -2,7 +2,8 @@
 //! library preloaded, each under an outer `timeout` (a broken preload would hang a
 //! preloaded `timeout` too), and real programs whose output must not change.
 //!
-//! Needs `cargo build --release` first (scripts/test.sh does it), gcc and g++.
+//! Needs `cargo build --release` first (scripts/test.sh does it), gcc and g++, and for
+//! the jemalloc API tests Debian's libjemalloc-dev (scripts/test.sh installs it).
 
 mod common;
 
@@ -43,14 +44,59 @@ fn built() -> &'static Built {
     })
 }
 
-/// Runs `program args` with the library preloaded and `env` set, under `timeout 120`.
-fn preloaded(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+/// Programs linked with Debian's jemalloc (`-ljemalloc`): `jemapi` uses jemalloc's
+/// own API; `jemapi_conf` also compiles a `malloc_conf` in.
+struct LinkedWithJemalloc {
+    jemapi: PathBuf,
+    jemapi_conf: PathBuf,
+}
+
+fn linked_with_jemalloc() -> &'static LinkedWithJemalloc {
+    static BUILT: OnceLock<LinkedWithJemalloc> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        assert!(
+            Path::new("/usr/include/jemalloc/jemalloc.h").exists(),
+            "jemalloc's header is missing: install libjemalloc-dev (scripts/test.sh does)"
+        );
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/jemapi.c");
+        let out = std::env::temp_dir().join(format!("memquota-jemapi-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let b = LinkedWithJemalloc { jemapi: out.join("jemapi"), jemapi_conf: out.join("jemapi_conf") };
+        for (exe, extra) in [(&b.jemapi, None), (&b.jemapi_conf, Some("-DPROGRAM_MALLOC_CONF"))] {
+            let mut cmd = Command::new("gcc");
+            cmd.args(["-O1", "-g", "-Wall", "-Werror", "-pthread"]).args(extra).arg(&src);
+            let status = cmd.arg("-o").arg(exe).arg("-ljemalloc").status().unwrap();
+            assert!(status.success(), "gcc {} failed", src.display());
+        }
+        b
+    })
+}
+
+/// The jemalloc variables a test must not inherit either.
+const JEMALLOC_VARS: [&str; 2] = ["MALLOC_CONF", "_RJEM_MALLOC_CONF"];
+
+/// Runs `program args` with `env` set and no preload, under `timeout`.
+fn plain(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new("timeout");
-    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", lib().display()));
+    cmd.args(["-k", "10", "120", "env"]);
     for (k, v) in env {
         cmd.arg(format!("{k}={v}"));
     }
-    for var in inherited_vars() {
+    for var in inherited_vars().chain(JEMALLOC_VARS).chain(["LD_PRELOAD"]) {
+        cmd.env_remove(var);
+    }
+    cmd.arg(program).args(args).output().unwrap()
+}
+
+/// Runs `program args` with the library preloaded and `env` set, under `timeout 120`
+/// (and a KILL 10 s later: a program deadlocked with its signals blocked ignores TERM).
+fn preloaded(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new("timeout");
+    cmd.args(["-k", "10", "120", "env"]).arg(format!("LD_PRELOAD={}", lib().display()));
+    for (k, v) in env {
+        cmd.arg(format!("{k}={v}"));
+    }
+    for var in inherited_vars().chain(JEMALLOC_VARS) {
         cmd.env_remove(var);
     }
     cmd.arg(program).args(args).output().unwrap()
@@ -73,8 +119,23 @@ fn exports() -> BTreeSet<String> {
         .collect()
 }
 
+/// jemalloc's own API, as `libjemalloc.so.2` exports it.
+const JEMALLOC_API: [&str; 11] = [
+    "mallocx",
+    "rallocx",
+    "xallocx",
+    "sallocx",
+    "dallocx",
+    "sdallocx",
+    "nallocx",
+    "mallctl",
+    "mallctlnametomib",
+    "mallctlbymib",
+    "malloc_stats_print",
+];
+
 #[test]
-fn exports_the_full_malloc_family_and_all_20_cxx_operators() {
+fn exports_the_full_malloc_family_jemallocs_api_and_all_20_cxx_operators() {
     let have = exports();
     let required = [
         "malloc",
@@ -106,13 +167,43 @@ fn exports_the_full_malloc_family_and_all_20_cxx_operators() {
         "malloc_stats",
         "malloc_info",
     ];
-    for name in required {
+    for name in required.into_iter().chain(JEMALLOC_API) {
         assert!(have.contains(name), "{name} is not exported");
     }
     let cxx: Vec<_> = have.iter().filter(|n| n.starts_with("_Zn") || n.starts_with("_Zd")).collect();
     assert_eq!(cxx.len(), 20, "all 20 operators or none: {cxx:?}");
-    // Nothing of jemalloc's own leaks out unprefixed.
-    assert!(!have.iter().any(|n| n.starts_with("je_") || n == "mallocx"), "stray exports");
+    // Nothing of jemalloc's internals leaks out, prefixed or not, nor the link's
+    // wrapper of secure_getenv (malloc_conf.rs).
+    let stray: Vec<_> = have
+        .iter()
+        .filter(|n| ["je_", "_rjem_", "__wrap_", "__real_"].iter().any(|p| n.starts_with(p)))
+        .collect();
+    assert!(stray.is_empty(), "stray exports: {stray:?}");
+}
+
+#[test]
+fn exports_every_function_debians_libjemalloc_exports() {
+    let debian = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    assert!(
+        Path::new(debian).exists(),
+        "{debian} is missing: install libjemalloc-dev (scripts/test.sh does)"
+    );
+    let out = Command::new("nm").args(["-D", "--defined-only", debian]).output().unwrap();
+    assert_ok(&out, "nm libjemalloc.so.2");
+    let theirs: BTreeSet<String> = text(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
+            (kind == "T").then(|| name.to_owned())
+        })
+        .collect();
+    assert!(theirs.len() >= 30 && theirs.contains("mallocx"), "the list is read: {theirs:?}");
+    let missing: Vec<_> = theirs.difference(&exports()).cloned().collect();
+    assert!(
+        missing.is_empty(),
+        "a program linked with jemalloc would reach a second jemalloc for {missing:?}"
+    );
 }
 
 #[test]
@@ -439,4 +530,125 @@ fn a_taken_metrics_port_warns_and_the_program_runs() {
     let out = probe(&["entry"], &[("MEMQUOTA_METRICS_ADDR", "not-an-address")]);
     assert_eq!(out.status.code(), Some(2), "a malformed address is a configuration error");
     assert!(text(&out.stderr).contains("MEMQUOTA_METRICS_ADDR"));
+}
+
+/// The lines of `out`'s stdout, checked: the program ran to its end.
+fn stdout_of(out: &Output, what: &str) -> String {
+    assert_ok(out, what);
+    text(&out.stdout)
+}
+
+#[test]
+fn a_program_linked_with_jemalloc_gets_the_same_output_and_exact_counts() {
+    let exe = &linked_with_jemalloc().jemapi;
+    for mode in ["api", "threads"] {
+        let alone = stdout_of(&plain(exe, &[mode], &[]), mode);
+        let under = preloaded(exe, &[mode], &[]);
+        assert_eq!(stdout_of(&under, mode), alone, "{mode}: the output changed under the preload");
+        // Its checks of memquota's count after every call ran, and held.
+        let stderr = text(&under.stderr);
+        assert!(stderr.contains(&format!("memquota: exact after {mode}")), "{mode}: {stderr}");
+    }
+    let alone = stdout_of(&plain(exe, &["api"], &[]), "api");
+    for line in ["arena honoured 1", "stats.allocated sees malloc 1, by mib 1", "malloc_stats_print wrote 1"]
+    {
+        assert!(alone.contains(line), "{line}: {alone}");
+    }
+}
+
+#[test]
+fn jemalloc_api_refusals_are_null_or_no_change_with_a_report() {
+    let out = preloaded(&linked_with_jemalloc().jemapi, &["oom"], &[("MEMQUOTA_LIMIT", "256m")]);
+    let stdout = stdout_of(&out, "oom");
+    for line in [
+        "mallocx refused 1",
+        "zeroed mallocx refused 1",
+        "rallocx refused 1, block kept 1",
+        "xallocx unchanged 1",
+        "xallocx with extra unchanged 1",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("memquota: allocation refused: 512.0 MiB (536870912) requested"), "{stderr}");
+    assert!(stderr.contains("memquota: exact after oom"), "{stderr}");
+}
+
+/// The `conf` mode's output under the preload with `env`, checked.
+fn conf_under(env: &[(&str, &str)]) -> (String, String) {
+    let out = preloaded(&linked_with_jemalloc().jemapi, &["conf"], env);
+    (stdout_of(&out, &format!("conf {env:?}")), text(&out.stderr))
+}
+
+#[test]
+fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
+    // The defaults, then dirty_decay_ms:0 by MALLOC_CONF: read back from memquota's
+    // jemalloc (its statistics see the program's malloc), and freed pages are purged
+    // at once instead of kept.
+    let (defaults, _) = conf_under(&[]);
+    for line in ["opt.dirty_decay_ms 10000", "stats.allocated sees malloc 1", "dirty pages after free kept"] {
+        assert!(defaults.contains(line), "{line}: {defaults}");
+    }
+    let set = [("MALLOC_CONF", "dirty_decay_ms:0")];
+    let (stdout, stderr) = conf_under(&set);
+    for line in [
+        "opt.dirty_decay_ms 0",
+        "arenas.dirty_decay_ms 0",
+        "stats.allocated sees malloc 1",
+        "dirty pages after free none",
+    ] {
+        assert!(stdout.contains(line), "{line}: {stdout}");
+    }
+    assert!(!stderr.contains("memquota:") && !stderr.contains("<jemalloc>"), "{stderr}");
+    // What Debian's jemalloc does with the same setting.
+    assert_eq!(stdout_of(&plain(&linked_with_jemalloc().jemapi, &["conf"], &set), "conf"), stdout);
+    // The prefixed variable still works, and wins an option both set.
+    let (stdout, _) = conf_under(&[("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")]);
+    assert!(stdout.contains("opt.dirty_decay_ms 0"), "{stdout}");
+    let (stdout, _) = conf_under(&[
+        ("MALLOC_CONF", "muzzy_decay_ms:1000,dirty_decay_ms:0"),
+        ("_RJEM_MALLOC_CONF", "dirty_decay_ms:5000"),
+    ]);
+    assert!(
+        stdout.contains("opt.dirty_decay_ms 5000") && stdout.contains("opt.muzzy_decay_ms 1000"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn malloc_conf_background_threads_start_without_a_deadlock() {
+    // jemalloc starts its background thread from its first allocation, holding a
+    // lock that its first mallctl takes too: memquota's must not be that mallctl.
+    // In a C++ program that first allocation is libstdc++'s emergency pool (71 KiB,
+    // whose size class the preload asks of nallocx, which starts jemalloc), before the
+    // library's constructor; it deadlocked with either variable.
+    let (stdout, _) = conf_under(&[("MALLOC_CONF", "background_thread:true")]);
+    assert!(stdout.contains("opt.background_thread 1"), "{stdout}");
+    assert!(stdout.contains("stats.allocated sees malloc 1"), "memquota's jemalloc answered: {stdout}");
+    for var in JEMALLOC_VARS {
+        let env = [(var, "background_thread:true"), ("MEMQUOTA_LIMIT", "1g")];
+        assert_ok(&preloaded(&built().cxx, &[], &env), "C++ with background threads");
+        assert_ok(&probe(&["entry"], &env), "entry with background threads");
+    }
+}
+
+#[test]
+fn malloc_conf_settings_without_effect_are_named() {
+    // memquota's realloc(p, 0) frees, whatever jemalloc was told.
+    let (_, stderr) = conf_under(&[("MALLOC_CONF", "zero_realloc:alloc,dirty_decay_ms:0")]);
+    assert!(
+        stderr.contains("memquota: MALLOC_CONF: zero_realloc:alloc has no effect: realloc(p, 0) frees p"),
+        "{stderr}"
+    );
+    // jemalloc names what it does not know (this one is built without profiling).
+    let (_, stderr) = conf_under(&[("MALLOC_CONF", "prof:true")]);
+    assert!(stderr.contains("<jemalloc>: Invalid conf pair: prof:true"), "{stderr}");
+    // Options compiled into the program are for the jemalloc it links.
+    let out = preloaded(&linked_with_jemalloc().jemapi_conf, &["conf"], &[]);
+    assert_ok(&out, "jemapi_conf");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("memquota: the program's malloc_conf \"narenas:1\" is for the jemalloc"),
+        "{stderr}"
+    );
 }
