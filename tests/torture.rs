@@ -287,11 +287,14 @@ fn reclaim(need: usize) {
     }
 }
 
-/// Refills the cache as far as the budget lets it: fallibly, since it runs at a limit
-/// the phases keep hitting, where an infallible allocation would abort the process.
+/// Refills the cache as far as the budget lets it, less a margin: fallibly, since it
+/// runs at a limit the phases keep hitting, where an infallible allocation would abort
+/// the process.
 fn fill_cache() {
     let mut cache = CACHE.lock().unwrap();
-    while cache.len() < CACHE_MIB {
+    // Leave room for the phase's own setup (its scopes, channels, threads), whose
+    // allocations are infallible.
+    while cache.len() < CACHE_MIB && memquota::stats().headroom > 8 * MIB {
         let mut block: Vec<u8> = Vec::new();
         if block.try_reserve_exact(MIB as usize).is_err() {
             break;
