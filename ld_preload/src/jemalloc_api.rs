@@ -84,7 +84,13 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     let (extra, most) = if most == 0 { (0, least) } else { (extra, most) };
     let big = old.max(most) as u64 >= face::OWNED_MIN;
     // A big block's owner record moves to the calling thread's scope, as for realloc.
-    let had = big && face::note_realloc_begin(&FACE, ptr as usize, old as u64);
+    let had = match big {
+        true => match face::note_realloc_begin(&FACE, ptr as usize, old as u64) {
+            Some(had) => had,
+            None => return old, // the move to this thread's scope was refused
+        },
+        false => false,
+    };
     let grow = most.saturating_sub(old);
     if grow > 0 && !charge(grow) {
         if had {

@@ -375,7 +375,13 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     }
     let big = old.max(estimate) as u64 >= face::OWNED_MIN;
     // A big block's owner record follows it to the calling thread's scope.
-    let had = big && face::note_realloc_begin(&FACE, p as usize, old as u64);
+    let had = match big {
+        true => match face::note_realloc_begin(&FACE, p as usize, old as u64) {
+            Some(had) => had,
+            None => return enomem(), // the move to this thread's scope was refused
+        },
+        false => false,
+    };
     let grow = estimate.saturating_sub(old);
     if grow > 0 && !charge(grow) {
         if had {

@@ -90,18 +90,46 @@ pub fn note_free(ptr: usize, size: u64) -> bool {
 
 /// Before a `realloc` of the block at `ptr` (`old` bytes): its owner record, if any,
 /// moves its bytes to the calling thread's scope. Pass the result to
-/// [`note_realloc_end`].
-pub fn note_realloc_begin(face: &'static Face, ptr: usize, old: u64) -> bool {
+/// [`note_realloc_end`]. `None`: the move was refused (with a report), and the realloc
+/// must fail, the block staying where it is.
+///
+/// A move can raise the process account: when the old scope's reservation still
+/// covers what it held, the new scope is charged the block on top. Such a rise is
+/// admitted like an allocation (against the limit, with reclaims), never added
+/// unchecked, so the bound on usage past the limit holds for moves too.
+pub fn note_realloc_begin(face: &'static Face, ptr: usize, old: u64) -> Option<bool> {
     if old < OWNED_MIN {
-        return false;
+        return Some(false);
     }
-    let Some((owner, recorded)) = owner::take(ptr) else { return false };
-    let me = (face.local)().map_or(0, ledger::scope_of);
-    if owner != me {
-        let r = recorded as i64;
-        ACCOUNT.add(attribute(owner, -r) + attribute(me, r));
+    let Some((owner, recorded)) = owner::take(ptr) else { return Some(false) };
+    let l = (face.local)();
+    let me = l.map_or(0, ledger::scope_of);
+    if owner == me {
+        return Some(true);
     }
-    true
+    let r = recorded as i64;
+    let dh = attribute(owner, -r) + attribute(me, r);
+    if dh <= 0 {
+        ACCOUNT.add(dh);
+        return Some(true);
+    }
+    let granted = match l.and_then(|l| ledger::enter(l).map(|busy| (l, busy))) {
+        Some((l, _busy)) => crate::admission::admit_as(l, face, dh, crate::config::OnOom::Abort),
+        // Inside our own slow path (a callback's realloc): counted, never policed.
+        None => {
+            ACCOUNT.add(dh);
+            true
+        }
+    };
+    if granted {
+        return Some(true);
+    }
+    // Refused: the block goes back to its owner; `dh` was never added, and the way
+    // back is what the account must see with it (the scopes may have moved meanwhile).
+    let back = attribute(me, -r) + attribute(owner, r);
+    ACCOUNT.add(dh + back);
+    owner::insert(ptr, owner, recorded);
+    None
 }
 
 /// After the `realloc` begun with [`note_realloc_begin`]: records the new block
