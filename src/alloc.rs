@@ -178,7 +178,8 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
     #[inline(never)]
     unsafe fn realloc_big(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old_size = layout.size();
-        let Some(had) = scope::note_realloc_begin(&RUST_FACE, ptr as usize, old_size as u64) else {
+        let Some(had) = scope::note_realloc_begin(&RUST_FACE, ptr as usize, old_size as u64, new_size as u64)
+        else {
             return std::ptr::null_mut(); // the move to this thread's scope was refused
         };
         // SAFETY: forwarded contract.

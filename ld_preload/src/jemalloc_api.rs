@@ -85,7 +85,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     let big = old.max(most) as u64 >= face::OWNED_MIN;
     // A big block's owner record moves to the calling thread's scope, as for realloc.
     let had = match big {
-        true => match face::note_realloc_begin(&FACE, ptr as usize, old as u64) {
+        true => match face::note_realloc_begin(&FACE, ptr as usize, old as u64, most as u64) {
             Some(had) => had,
             None => return old, // the move to this thread's scope was refused
         },

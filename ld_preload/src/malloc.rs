@@ -376,7 +376,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     let big = old.max(estimate) as u64 >= face::OWNED_MIN;
     // A big block's owner record follows it to the calling thread's scope.
     let had = match big {
-        true => match face::note_realloc_begin(&FACE, p as usize, old as u64) {
+        true => match face::note_realloc_begin(&FACE, p as usize, old as u64, estimate as u64) {
             Some(had) => had,
             None => return enomem(), // the move to this thread's scope was refused
         },

@@ -88,16 +88,18 @@ pub fn note_free(ptr: usize, size: u64) -> bool {
     true
 }
 
-/// Before a `realloc` of the block at `ptr` (`old` bytes): its owner record, if any,
-/// moves its bytes to the calling thread's scope. Pass the result to
+/// Before a `realloc` of the block at `ptr` (`old` bytes, to become `new`): its owner
+/// record, if any, moves its bytes to the calling thread's scope. Pass the result to
 /// [`note_realloc_end`]. `None`: the move was refused (with a report), and the realloc
 /// must fail, the block staying where it is.
 ///
 /// A move can raise the process account: when the old scope's reservation still
-/// covers what it held, the new scope is charged the block on top. Such a rise is
-/// admitted like an allocation (against the limit, with reclaims), never added
-/// unchecked, so the bound on usage past the limit holds for moves too.
-pub fn note_realloc_begin(face: &'static Face, ptr: usize, old: u64) -> Option<bool> {
+/// covers what it held, the new scope is charged the block on top. For a realloc
+/// that grows, such a rise is admitted like an allocation (against the limit, with
+/// reclaims). A realloc that shrinks is never refused (callers such as
+/// `Vec::shrink_to_fit` cannot handle it): its move is counted unchecked, the one
+/// rise past the limit the ledger's bound does not cover, at most one block.
+pub fn note_realloc_begin(face: &'static Face, ptr: usize, old: u64, new: u64) -> Option<bool> {
     if old < OWNED_MIN {
         return Some(false);
     }
@@ -109,7 +111,7 @@ pub fn note_realloc_begin(face: &'static Face, ptr: usize, old: u64) -> Option<b
     }
     let r = recorded as i64;
     let dh = attribute(owner, -r) + attribute(me, r);
-    if dh <= 0 {
+    if dh <= 0 || new <= old {
         ACCOUNT.add(dh);
         return Some(true);
     }
