@@ -106,9 +106,11 @@ pub enum HeapMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Untracked {
     /// It counts against the limit: `native + heap + untracked <= limit`.
-    #[default]
     Count,
-    /// It is sampled and reported, but leaves the budget alone.
+    /// It is sampled and reported, but leaves the budget alone (the default: next to a
+    /// JVM heap the estimate spikes after a GC, when the committed heap drops at once
+    /// and the resident pages later, and counting the spike would start more GCs).
+    #[default]
     Report,
 }
 
@@ -151,7 +153,7 @@ impl Config {
             refuse_min: 0,
             metrics_addr: None,
             report_window: Duration::from_secs(1),
-            untracked: Untracked::Count,
+            untracked: Untracked::Report,
         }
     }
 

@@ -43,7 +43,7 @@ static SETTINGS: Settings = Settings {
     refuse_min: AtomicU64::new(0),
     background_interval_ms: AtomicU64::new(0),
     report_window_ms: AtomicU64::new(1000),
-    count_untracked: AtomicBool::new(true),
+    count_untracked: AtomicBool::new(false),
     police_allocations: AtomicBool::new(true),
 };
 
