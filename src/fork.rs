@@ -10,13 +10,18 @@
 //! ours when ours were registered first.
 
 use crate::{ledger, reclaim};
-use std::sync::atomic::{AtomicBool, Ordering::AcqRel};
+use std::sync::atomic::{
+    AtomicBool,
+    Ordering::{AcqRel, Relaxed},
+};
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// Registers the fork handlers, once per process.
 pub(crate) fn install() {
-    if INSTALLED.swap(true, AcqRel) {
+    // A load first: every thread's first allocation comes here, and a swap would
+    // write the shared line each time.
+    if INSTALLED.load(Relaxed) || INSTALLED.swap(true, AcqRel) {
         return;
     }
     // SAFETY: registering plain extern "C" handlers, which stay valid for the life of

@@ -25,7 +25,8 @@ static STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Starts the sampler thread, once per process (again in a fork child).
 pub(crate) fn ensure_sampling() {
-    if STARTED.swap(true, AcqRel) {
+    // A load first, as fork::install: this runs on every thread's first allocation.
+    if STARTED.load(Relaxed) || STARTED.swap(true, AcqRel) {
         return;
     }
     let spawned = std::thread::Builder::new().name("memquota-sampler".into()).spawn(|| {

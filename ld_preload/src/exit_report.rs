@@ -134,19 +134,5 @@ pub(crate) fn write_at_exit(summary: impl FnOnce() -> String) {
     let same = identity(fd).is_some_and(|id| id == (KEPT_DEV.load(Relaxed), KEPT_INO.load(Relaxed)));
     // Our copy, unless the program closed that number (it may now name another file):
     // then fd 2, as well as it can be.
-    write_all(if same { fd } else { libc::STDERR_FILENO }, text.as_bytes());
-}
-
-fn write_all(fd: libc::c_int, mut bytes: &[u8]) {
-    while !bytes.is_empty() {
-        // SAFETY: the pointer and length describe the live `bytes` slice.
-        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        if n <= 0 {
-            return;
-        }
-        bytes = &bytes[n as usize..];
-    }
+    memquota_core::face::write_fd(if same { fd } else { libc::STDERR_FILENO }, &text);
 }
