@@ -72,6 +72,16 @@ pub(crate) fn count_only(bytes: i64) {
 /// request that reports failure itself (a scope's explicit reservation) and must
 /// never abort.
 pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool {
+    match try_admit(l, face, bytes) {
+        Ok(()) => true,
+        Err(throttle) => refuse(bytes, throttle, worst),
+    }
+}
+
+/// [`admit_as`] up to the refusal: grants, over-commits or reclaims; `Err` (with what
+/// throttled the reclaims, if anything did) when `bytes` still do not fit, nothing
+/// counted or reported.
+pub(crate) fn try_admit(l: &Local, face: &Face, bytes: i64) -> Result<(), Option<Throttle>> {
     let quota = quota();
     let mut throttle = None;
     let mut round = 0;
@@ -80,7 +90,7 @@ pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool
         let native = match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
             Ok(native) => {
                 reclaim_if_past_soft(quota, native, heap);
-                return true;
+                return Ok(());
             }
             Err(native) => native,
         };
@@ -91,7 +101,7 @@ pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool
         if (bytes as u64) < settings::refuse_min() {
             if let Ok(native) = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap)) {
                 reclaim_if_past_soft(quota, native, heap);
-                return true;
+                return Ok(());
             }
         }
         if round == MAX_SYNC_ROUNDS || !reclaim::has_reclaimer() {
@@ -110,7 +120,7 @@ pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool
             }
         }
     }
-    refuse(bytes, throttle, worst)
+    Err(throttle)
 }
 
 /// Counts and reports a refusal (a full report, or a count the next report sums up:

@@ -33,6 +33,14 @@ pub enum Error {
         /// The bytes asked for.
         requested: u64,
     },
+    /// Inside a retry block (`with_retry`): every task was blocked and this one, the
+    /// youngest, was chosen to roll back. Free what the attempt holds and return the
+    /// error; the block runs the attempt again.
+    RetryOom,
+    /// Inside a retry block: this task cannot fit even with every other task rolled
+    /// back, or its request exceeds the whole pool. Split the input and try again
+    /// (`with_split_retry` does).
+    SplitAndRetryOom,
     /// A spill (or reclaim) callback tried to reserve memory itself.
     ReserveInSpill {
         /// The bytes asked for.
@@ -51,6 +59,10 @@ impl fmt::Display for Error {
             Error::ScopeEnded => f.write_str("memquota: the scope has ended"),
             Error::TooManyScopes => f.write_str("memquota: too many scopes or consumers"),
             Error::Refused { requested } => write!(f, "memquota: reservation of {requested} bytes refused"),
+            Error::RetryOom => f.write_str("memquota: rolled back to free memory for older tasks: retry"),
+            Error::SplitAndRetryOom => f.write_str(
+                "memquota: does not fit even with younger tasks rolled back: split the input and retry",
+            ),
             Error::ReserveInSpill { requested } => {
                 write!(f, "memquota: a spill callback tried to reserve {requested} bytes")
             }

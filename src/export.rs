@@ -52,6 +52,16 @@ pub mod metric {
     #[allow(missing_docs)]
     pub const RECLAIMS_TOTAL: &str = "memquota_reclaims_total";
     #[allow(missing_docs)]
+    pub const RETRY_TOTAL: &str = "memquota_retry_total";
+    #[allow(missing_docs)]
+    pub const BLOCKED_THREADS: &str = "memquota_blocked_threads";
+    #[allow(missing_docs)]
+    pub const RETRY_THREADS: &str = "memquota_retry_threads";
+    #[allow(missing_docs)]
+    pub const RETRY_WAITS_TOTAL: &str = "memquota_retry_waits_total";
+    #[allow(missing_docs)]
+    pub const RETRY_TIMEOUTS_TOTAL: &str = "memquota_retry_timeouts_total";
+    #[allow(missing_docs)]
     pub const SCOPE_ALLOCATED_BYTES: &str = "memquota_scope_allocated_bytes";
     #[allow(missing_docs)]
     pub const SCOPE_CONSUMER_BYTES: &str = "memquota_scope_consumer_bytes";
@@ -111,7 +121,7 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 26] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 38] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     [
         (
@@ -197,6 +207,34 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 26] {
             s.untracked,
         ),
         (gauge(UNTRACKED_PEAK_BYTES, "The most untracked memory sampled."), "", s.untracked_peak),
+        (
+            counter(RETRY_TOTAL, "Attempts in retry blocks rolled back (retry) or told to split (split)."),
+            "{kind=\"retry\"}",
+            s.retry.rollbacks,
+        ),
+        (counter(RETRY_TOTAL, ""), "{kind=\"split\"}", s.retry.splits),
+        (gauge(BLOCKED_THREADS, "Threads in retry blocks waiting for memory to be freed."), "", s.retry.blocked),
+        (
+            gauge(RETRY_THREADS, "Threads in retry blocks, by state."),
+            "{state=\"running\"}",
+            s.retry.running,
+        ),
+        (gauge(RETRY_THREADS, ""), "{state=\"allocating\"}", s.retry.allocating),
+        (gauge(RETRY_THREADS, ""), "{state=\"blocked\"}", s.retry.blocked),
+        (gauge(RETRY_THREADS, ""), "{state=\"rollback_requested\"}", s.retry.rollback_requested),
+        (gauge(RETRY_THREADS, ""), "{state=\"rolling_back\"}", s.retry.rolling_back),
+        (gauge(RETRY_THREADS, ""), "{state=\"bufn\"}", s.retry.bufn),
+        (gauge(RETRY_THREADS, ""), "{state=\"split_requested\"}", s.retry.split_requested),
+        (
+            counter(RETRY_WAITS_TOTAL, "Requests in retry blocks that waited for memory instead of failing."),
+            "",
+            s.retry.waits,
+        ),
+        (
+            counter(RETRY_TIMEOUTS_TOTAL, "Waits in retry blocks the watchdog ended with a refusal."),
+            "",
+            s.retry.timeouts,
+        ),
     ]
 }
 
@@ -222,7 +260,9 @@ pub fn write_json(w: &mut impl Write, s: &Stats) -> fmt::Result {
         match labels {
             "" => write!(w, "{sep}\"{name}\":{value}")?,
             _ => {
-                let kind = labels.trim_start_matches("{kind=\"").trim_end_matches("\"}");
+                // `{label="value"}`: the value joins the name.
+                let value_of = labels.split_once("=\"").map_or(labels, |(_, v)| v);
+                let kind = value_of.trim_end_matches("\"}");
                 write!(w, "{sep}\"{name}_{kind}\":{value}")?
             }
         }

@@ -112,10 +112,10 @@ pub use {
     reclaim::{clear_reclaim, on_reclaim},
     report::{last_report, set_report_hook, ReportHook},
     scope::{
-        AttachGuard, Consumer, ConsumerStats, MemoryManager, Reservation, ScopeHandle, ScopeReport,
-        ScopeSnapshot, ScopeStats, TaskScope,
+        with_retry, with_split_retry, AttachGuard, Consumer, ConsumerStats, MemoryManager, Reservation,
+        ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope, MAX_RETRIES,
     },
     settings::{set_enforcement, set_limit, Enforcement},
     snapshot::stats,
-    stats::{HeapBytes, JemallocStats, Stats},
+    stats::{HeapBytes, JemallocStats, RetryStats, Stats},
 };

@@ -50,5 +50,6 @@ pub fn stats() -> Stats {
         untracked: crate::heap_probe::untracked(),
         untracked_peak: crate::heap_probe::untracked_peak(),
         untracked_counted: settings::count_untracked(),
+        retry: crate::tables::retry::stats(),
     }
 }

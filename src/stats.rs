@@ -64,6 +64,63 @@ impl JemallocStats {
     }
 }
 
+/// The retry machine (`with_retry`): threads in retry blocks by state now, and what
+/// it has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RetryStats {
+    /// Threads in retry blocks, working.
+    pub running: u64,
+    /// Threads whose request went past spills to the process budget (reclaims).
+    pub allocating: u64,
+    /// Threads waiting for memory to be freed.
+    pub blocked: u64,
+    /// Threads chosen to roll back that have not woken yet.
+    pub rollback_requested: u64,
+    /// Threads unwinding a rolled-back attempt.
+    pub rolling_back: u64,
+    /// Rolled-back threads waiting until further notice.
+    pub bufn: u64,
+    /// Threads chosen to split that have not woken yet.
+    pub split_requested: u64,
+    /// Retry blocks entered.
+    pub blocks_entered: u64,
+    /// Times a request blocked instead of failing.
+    pub waits: u64,
+    /// Attempts rolled back (`Error::RetryOom`).
+    pub rollbacks: u64,
+    /// Attempts run again after a rollback.
+    pub retries: u64,
+    /// Splits asked for (`Error::SplitAndRetryOom`).
+    pub splits: u64,
+    /// Waits the watchdog ended with a refusal.
+    pub timeouts: u64,
+    /// Threads that gave up after the most rollbacks allowed.
+    pub retry_limit: u64,
+    /// Retry blocks run without the machine (its table was full).
+    pub unregistered: u64,
+}
+
+impl RetryStats {
+    pub(crate) const ZERO: RetryStats = RetryStats {
+        running: 0,
+        allocating: 0,
+        blocked: 0,
+        rollback_requested: 0,
+        rolling_back: 0,
+        bufn: 0,
+        split_requested: 0,
+        blocks_entered: 0,
+        waits: 0,
+        rollbacks: 0,
+        retries: 0,
+        splits: 0,
+        timeouts: 0,
+        retry_limit: 0,
+        unregistered: 0,
+    };
+}
+
 /// The state of the budget at one moment. Plain data: `Copy`, no heap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -130,4 +187,6 @@ pub struct Stats {
     pub untracked_peak: u64,
     /// Whether untracked memory counts against the limit (`MEMQUOTA_UNTRACKED=count`).
     pub untracked_counted: bool,
+    /// The retry machine.
+    pub retry: RetryStats,
 }

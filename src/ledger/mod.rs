@@ -165,6 +165,9 @@ pub struct Local {
     /// The scope this thread is attached to (a raw scope handle; 0: none). Read on the
     /// slow path only.
     scope: Cell<u64>,
+    /// The thread's slot in the retry machine plus one (0: not in a retry block).
+    /// Read on the slow path only.
+    retry: Cell<u32>,
 }
 
 impl Local {
@@ -179,6 +182,7 @@ impl Local {
             tight: Cell::new(false),
             busy: Cell::new(false),
             scope: Cell::new(0),
+            retry: Cell::new(0),
         }
     }
 }
@@ -314,6 +318,16 @@ pub(crate) fn take_prepaid(l: &Local) -> u64 {
 /// The raw handle of the thread's scope (0: none).
 pub(crate) fn scope_of(l: &Local) -> u64 {
     l.scope.get()
+}
+
+/// The thread's slot in the retry machine, if it is in a retry block.
+pub(crate) fn retry_slot(l: &Local) -> Option<usize> {
+    l.retry.get().checked_sub(1).map(|i| i as usize)
+}
+
+/// Sets (or, `None`, clears) the thread's slot in the retry machine.
+pub(crate) fn set_retry_slot(l: &Local, slot: Option<usize>) {
+    l.retry.set(slot.map_or(0, |i| i as u32 + 1));
 }
 
 /// Attributes `bytes` charged on the slow path to the thread's scope; returns the

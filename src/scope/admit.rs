@@ -5,11 +5,13 @@
 //! marks it): spill callbacks and reclaims may allocate, charged and never policed.
 //! No lock is held across a callback, a wait, or the process admission.
 
+use super::retry::{self, Verdict};
 use super::spill::{self, Cursor};
 use crate::admission;
 use crate::config::OnOom;
 use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::tables::pool::{Ask, Decision, POOL};
+use crate::tables::retry::Rollback;
 use crate::tables::set_refusing;
 use crate::tables::signal::{self, Waiter};
 use std::time::Instant;
@@ -18,6 +20,10 @@ pub(crate) enum Outcome {
     Granted(u64),
     Ended,
     Refused,
+    /// In a retry block, chosen by the machine: fail with the rollback.
+    Rolled(Rollback),
+    /// In a retry block, short: block (never leaves `acquire`).
+    Short,
 }
 
 /// Why the last look came up short.
@@ -29,8 +35,21 @@ enum Short {
 
 /// Admits `ask` for scope `handle` on the calling thread (busy-marked by the caller).
 pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome {
+    let outcome = look(l, face, handle, ask, partial);
+    if matches!(outcome, Outcome::Granted(_)) && retry::in_block(l) {
+        retry::note_granted(l);
+    }
+    outcome
+}
+
+/// [`acquire`]'s looks at the pool, spills, waits and blocks.
+fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome {
     let mut cursor = Cursor::new(handle, ask.consumer());
     let mut waited_out = false;
+    // In a retry block a request that stays short blocks instead of failing, until
+    // the watchdog ends its wait.
+    let mut may_block = retry::in_block(l);
+    let mut blocked = false;
     // Registered as a waiter, and the deadline set, only once a wait is in view: a
     // request that fits touches neither the shared counter nor the clock.
     let mut waiter: Option<(Waiter, Instant)> = None;
@@ -84,7 +103,16 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
                 }
             }
         }
-        return finish(l, face, handle, ask, short);
+        match finish(l, face, handle, ask, short, may_block) {
+            Outcome::Short => {
+                match retry::block(l, handle, ask.bytes(), !std::mem::replace(&mut blocked, true)) {
+                    Verdict::Again => cursor = Cursor::new(handle, ask.consumer()),
+                    Verdict::Rolled(r) => return Outcome::Rolled(r),
+                    Verdict::TimedOut => may_block = false,
+                }
+            }
+            done => return done,
+        }
     }
 }
 
@@ -107,8 +135,9 @@ fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
 
 /// The last step once spills are exhausted: the process budget's own admission (a
 /// reclaim, an over-commit for small requests, or a refusal with a report), or a
-/// refusal by the scope's share.
-fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcome {
+/// refusal by the scope's share. With `may_block`, `Outcome::Short` instead of a
+/// refusal: nothing counted or reported.
+fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short, may_block: bool) -> Outcome {
     if short == Short::Process {
         // Bound first, as in `acquire`: the body reaches the report (the lock again).
         let decision = POOL.lock().try_grant(handle, ask, false, false);
@@ -118,15 +147,29 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short) -> Outcom
                 return Outcome::Granted(granted);
             }
             set_refusing(handle);
-            if admission::admit_as(l, face, dh, worst(ask)) {
-                set_refusing(0);
-                return Outcome::Granted(granted);
+            if may_block {
+                retry::note_allocating(l);
             }
+            let throttle = match admission::try_admit(l, face, dh) {
+                Ok(()) => {
+                    set_refusing(0);
+                    return Outcome::Granted(granted);
+                }
+                Err(throttle) => throttle,
+            };
             let undo = POOL.lock().apply(handle, ask, granted, -1);
             ACCOUNT.add(dh + undo);
+            if may_block {
+                set_refusing(0);
+                return Outcome::Short;
+            }
             POOL.lock().note_refusal(handle);
+            admission::refuse(dh, throttle, worst(ask));
             return Outcome::Refused;
         }
+    }
+    if may_block {
+        return Outcome::Short;
     }
     POOL.lock().note_refusal(handle);
     set_refusing(handle);

@@ -18,14 +18,17 @@
 mod admit;
 mod figures;
 mod handles;
+mod retry;
 mod spill;
 
 pub use figures::{ConsumerStats, ScopeReport, ScopeSnapshot, ScopeStats};
 pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
+pub use retry::{with_retry, with_split_retry, MAX_RETRIES};
 
 use crate::error::{Error, Result};
 use crate::ledger::{self, Face, ACCOUNT};
 use crate::tables::pool::{Ask, POOL};
+use crate::tables::retry::Rollback;
 use crate::tables::{attribute, owner, signal, OWNED_MIN};
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
@@ -34,13 +37,14 @@ use std::time::Duration;
 pub(crate) fn admit_attached(l: &ledger::Local, face: &Face, handle: u64, bytes: i64) -> bool {
     match admit::acquire(l, face, handle, Ask::Alloc(bytes as u64), false) {
         admit::Outcome::Granted(_) => true,
-        admit::Outcome::Refused => false,
+        admit::Outcome::Refused | admit::Outcome::Rolled(_) | admit::Outcome::Short => false,
         admit::Outcome::Ended => crate::admission::admit(l, face, bytes),
     }
 }
 
 /// The scopes' part of a fork's prepare handler: takes their locks.
 pub(crate) fn before_fork() {
+    crate::tables::retry::before_fork();
     signal::before_fork();
     POOL.hold_for_fork();
     owner::before_fork();
@@ -60,6 +64,8 @@ pub(crate) unsafe fn after_fork(child: bool) {
         owner::after_fork();
         POOL.force_unlock();
         signal::after_fork(child);
+        let survivor = ledger::this_thread().and_then(ledger::retry_slot);
+        crate::tables::retry::after_fork(child, survivor);
     }
 }
 
@@ -174,6 +180,12 @@ impl MemoryManager {
     /// Sets the execution pool the fair share divides; 0 (the default): the limit.
     pub fn set_pool(&self, bytes: u64) {
         POOL.lock().set_pool_bytes(bytes);
+    }
+
+    /// The longest a request in a retry block ([`with_retry`]) stays blocked before
+    /// it is refused with the report: the watchdog (default 10 s).
+    pub fn set_retry_wait(&self, wait: Duration) {
+        retry::set_retry_wait(wait);
     }
 
     /// The longest a request below its minimum share waits for memory to be freed
@@ -295,7 +307,9 @@ pub fn reserve_raw(
     match admit::acquire(l, face, handle, Ask::Reserve { bytes, consumer }, partial) {
         admit::Outcome::Granted(g) => Ok(g),
         admit::Outcome::Ended => Err(Error::ScopeEnded),
-        admit::Outcome::Refused => Err(Error::Refused { requested: bytes }),
+        admit::Outcome::Refused | admit::Outcome::Short => Err(Error::Refused { requested: bytes }),
+        admit::Outcome::Rolled(Rollback::Retry) => Err(Error::RetryOom),
+        admit::Outcome::Rolled(Rollback::Split) => Err(Error::SplitAndRetryOom),
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub(crate) mod owner;
 pub(crate) mod pool;
+pub(crate) mod retry;
 pub(crate) mod signal;
 pub(crate) mod spin;
 
@@ -51,6 +52,24 @@ pub(crate) fn set_refusing(handle: u64) {
 /// The scope tree for the OOM report, led by the scope being refused, if any.
 pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
     let refusing = REFUSING.swap(0, Relaxed);
+    // The machine before the pool: its lock comes first.
+    let r = retry::stats();
+    if r.blocks_entered > 0 {
+        writeln!(
+            w,
+            "  retry blocks: {} running, {} allocating, {} blocked, {} rolling back, {} waiting until further notice; \
+             {} rollbacks, {} splits, {} waits, {} watchdog refusals",
+            r.running,
+            r.allocating,
+            r.blocked,
+            r.rollback_requested + r.rolling_back,
+            r.bufn,
+            r.rollbacks,
+            r.splits,
+            r.waits,
+            r.timeouts
+        )?;
+    }
     let p = POOL.lock();
     if let Some(s) = p.scope(refusing) {
         writeln!(w, "  refused for scope {:?} (id {})", s.name, s.id)?;

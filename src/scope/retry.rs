@@ -1,0 +1,333 @@
+//! Work that completes under pressure: retry blocks. Inside [`with_retry`] a request
+//! that does not fit after spills and reclaims waits for memory to be freed instead of
+//! failing; when every active task is blocked the machine (`tables::retry`) rolls the
+//! youngest back (`Error::RetryOom`: its attempt unwinds, waits until further notice,
+//! and runs again) or, when only one task is still short, makes it split its input
+//! (`Error::SplitAndRetryOom`, which [`with_split_retry`] answers by splitting). A
+//! watchdog bounds every wait: a request blocked longer than the retry wait is refused
+//! with the report, as outside a retry block. See docs/scopes.md, "Retry blocks".
+
+use super::handles::{AttachGuard, TaskScope};
+use crate::error::{Error, Result};
+use crate::heap_probe;
+use crate::ledger::{self, Local, ACCOUNT};
+use crate::settings::quota;
+use crate::tables::pool::POOL;
+use crate::tables::retry::{active_tasks, machine, rank_of, Active, Machine, Rollback, State};
+use crate::tables::signal::{self, Waiter};
+use crate::tables::MAX_SCOPES;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// Attempts one thread may run again after rollbacks before the error is returned.
+pub const MAX_RETRIES: u32 = 500;
+/// How often a waiting thread looks again without a signal: a free on the fast path
+/// (a thread's delta under its slack) does not signal.
+const POLL: Duration = Duration::from_millis(10);
+/// The watchdog: the longest a request in a retry block stays blocked, in ms.
+static RETRY_WAIT_MS: AtomicU64 = AtomicU64::new(10_000);
+
+/// Sets the longest a request in a retry block waits for memory before it is refused
+/// with the report (the watchdog; default 10 s).
+pub(crate) fn set_retry_wait(d: Duration) {
+    RETRY_WAIT_MS.store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Relaxed);
+}
+
+fn retry_wait() -> Duration {
+    Duration::from_millis(RETRY_WAIT_MS.load(Relaxed))
+}
+
+/// Free bytes under the limit now.
+fn headroom() -> u64 {
+    quota().headroom(ACCOUNT.native(), heap_probe::outside())
+}
+
+/// How a blocked request ended.
+pub(crate) enum Verdict {
+    /// Room appeared: try the request again.
+    Again,
+    /// The machine chose this thread: the request fails with the rollback.
+    Rolled(Rollback),
+    /// The watchdog ended the wait: refuse, with the report.
+    TimedOut,
+}
+
+/// Whether the calling thread is in a retry block.
+pub(crate) fn in_block(l: &Local) -> bool {
+    ledger::retry_slot(l).is_some()
+}
+
+/// A request in a retry block went past spills to the process budget's own
+/// admission (reclaims): the thread is allocating.
+pub(crate) fn note_allocating(l: &Local) {
+    if let Some(i) = ledger::retry_slot(l) {
+        machine().set(i, State::Allocating);
+    }
+}
+
+/// A request in a retry block was granted: the thread runs on.
+pub(crate) fn note_granted(l: &Local) {
+    if let Some(i) = ledger::retry_slot(l) {
+        let mut m = machine();
+        if m.state(i) == State::Allocating {
+            m.set(i, State::Running);
+        }
+    }
+}
+
+/// Takes a request the machine made of slot `i`, if any.
+fn take_request(m: &mut Machine, i: usize) -> Option<Verdict> {
+    let r = match m.state(i) {
+        State::RollbackRequested => {
+            m.set(i, State::RollingBack);
+            m.totals.rollbacks += 1;
+            Rollback::Retry
+        }
+        State::SplitRequested => {
+            m.set(i, State::Running);
+            m.totals.splits += 1;
+            Rollback::Split
+        }
+        _ => return None,
+    };
+    m.set_last(i, Some(r));
+    Some(Verdict::Rolled(r))
+}
+
+/// Every scope with threads attached, with its room now. Read before the machine is
+/// locked: the heap figure may come from a probe function.
+struct Tasks {
+    active: [Active; MAX_SCOPES],
+    n: usize,
+}
+
+impl Tasks {
+    fn now() -> Tasks {
+        let mut t = Tasks { active: [Active::default(); MAX_SCOPES], n: 0 };
+        t.n = active_tasks(&mut t.active, headroom());
+        t
+    }
+
+    fn get(&self) -> &[Active] {
+        &self.active[..self.n]
+    }
+}
+
+/// Runs the deadlock rule; true if it acted (the waiters were woken to see it).
+fn resolve(mut m: std::sync::MutexGuard<'_, Machine>, tasks: &Tasks) -> bool {
+    let acted = m.resolve(tasks.get()).is_some();
+    drop(m);
+    if acted {
+        signal::wake();
+    }
+    acted
+}
+
+/// A request of `need` bytes for scope `task` that did not fit after spills and
+/// reclaims, on a thread in a retry block: waits for memory to be freed. Called busy,
+/// with no lock held; `first` for the request's first wait (what the stats count).
+pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
+    let Some(i) = ledger::retry_slot(l) else { return Verdict::TimedOut };
+    // A request larger than the whole pool can never fit: it splits at once.
+    let pool = u64::try_from(POOL.lock().share().pool).unwrap_or(0);
+    if need > pool {
+        let mut m = machine();
+        m.totals.splits += 1;
+        m.set_last(i, Some(Rollback::Split));
+        return Verdict::Rolled(Rollback::Split);
+    }
+    let rank = rank_of(task).unwrap_or((u64::MAX, u64::MAX));
+    let _waiter = Waiter::new();
+    machine().block(i, task, rank, need, first);
+    let deadline = Instant::now() + retry_wait();
+    let mut waited = false;
+    loop {
+        let seen = signal::generation();
+        let tasks = Tasks::now();
+        let mut m = machine();
+        if let Some(v) = take_request(&mut m, i) {
+            return v;
+        }
+        if waited && m.may_proceed(i, tasks.get()) {
+            m.set(i, State::Allocating);
+            return Verdict::Again;
+        }
+        if Instant::now() >= deadline {
+            m.set(i, State::Running);
+            m.totals.timeouts += 1;
+            return Verdict::TimedOut;
+        }
+        if resolve(m, &tasks) {
+            continue;
+        }
+        signal::wait_for_free(seen, deadline.min(Instant::now() + POLL));
+        waited = true;
+    }
+}
+
+/// After an attempt rolled back: waits until further notice (BUFN), until there is
+/// room for what it failed on and no thread of an older task is blocked (a task
+/// ending makes both true), or the machine resumes it. Never longer than the retry
+/// wait.
+fn wait_until_further_notice(i: usize) {
+    let _waiter = Waiter::new();
+    machine().set(i, State::Bufn);
+    let deadline = Instant::now() + retry_wait();
+    loop {
+        let seen = signal::generation();
+        let tasks = Tasks::now();
+        let mut m = machine();
+        let resumed = m.state(i) == State::Running;
+        if resumed || Instant::now() >= deadline || m.may_resume(i, tasks.get()) {
+            m.set(i, State::Running);
+            return;
+        }
+        if resolve(m, &tasks) {
+            continue;
+        }
+        signal::wait_for_free(seen, deadline.min(Instant::now() + POLL));
+    }
+}
+
+/// The calling thread inside a retry block: attached to the scope, with a slot in the
+/// machine (or none if its table is full: then requests are refused as outside).
+struct Block {
+    l: &'static Local,
+    slot: Option<usize>,
+    _attached: AttachGuard,
+}
+
+impl Block {
+    fn enter(scope: &TaskScope) -> Result<Block> {
+        let attached = scope.attach()?;
+        let l = ledger::this_thread().ok_or(Error::ScopeEnded)?;
+        let handle = scope.handle().as_raw();
+        let slot = match ledger::retry_slot(l) {
+            Some(i) => {
+                machine().nest(i);
+                Some(i)
+            }
+            None => {
+                let rank = rank_of(handle).ok_or(Error::ScopeEnded)?;
+                let slot = machine().register(handle, rank);
+                ledger::set_retry_slot(l, slot);
+                slot
+            }
+        };
+        Ok(Block { l, slot, _attached: attached })
+    }
+
+    /// Runs `f` until it succeeds or fails with anything but a rollback; after each
+    /// rollback the thread waits until further notice, at most [`MAX_RETRIES`] times.
+    fn run<T>(&self, f: &mut impl FnMut() -> Result<T>) -> Result<T> {
+        let mut rollbacks = 0;
+        loop {
+            if let Some(i) = self.slot {
+                let mut m = machine();
+                m.set(i, State::Running);
+                m.set_last(i, None);
+            }
+            let i = match (f(), self.slot) {
+                (Err(Error::RetryOom), Some(i)) => i,
+                // Not a rollback, or no machine to wait in: the caller's answer.
+                (result, _) => return result,
+            };
+            rollbacks += 1;
+            if rollbacks > MAX_RETRIES {
+                machine().totals.retry_limit += 1;
+                return Err(Error::RetryOom);
+            }
+            wait_until_further_notice(i);
+            machine().totals.retries += 1;
+        }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            if machine().leave(i) {
+                ledger::set_retry_slot(self.l, None);
+            }
+            // Others may wait on this thread's task being blocked; it no longer is.
+            signal::wake();
+        }
+    }
+}
+
+/// Runs `f` on the calling thread attached to `scope`, in a retry block: a
+/// reservation ([`TaskScope::reserve`], [`Consumer::reserve`](super::Consumer::reserve))
+/// or a fallible allocation (`try_reserve`, mapped with `?` through
+/// `From<TryReserveError>`) that does not fit after spills and reclaims waits for
+/// memory to be freed instead of failing. When every active task is blocked, the
+/// youngest is rolled back: its request fails with [`Error::RetryOom`], `f` must
+/// return it (with `?`) after dropping what its attempt holds, and `f` runs again
+/// once a higher-priority task has freed memory or finished (at most
+/// [`MAX_RETRIES`] times). When the task is the only one still short it gets
+/// [`Error::SplitAndRetryOom`], returned to the caller: see [`with_split_retry`].
+///
+/// An infallible allocation (`Vec::push`, `Box::new`) refused in a retry block aborts
+/// the process, as outside one: make the attempt's big buffers with `try_reserve`.
+///
+/// # Errors
+/// `f`'s own errors; [`Error::SplitAndRetryOom`]; [`Error::RetryOom`] after
+/// [`MAX_RETRIES`] rollbacks; [`Error::Refused`] when the watchdog ends a wait;
+/// [`Error::ScopeEnded`].
+pub fn with_retry<T>(scope: &TaskScope, mut f: impl FnMut() -> Result<T>) -> Result<T> {
+    Block::enter(scope)?.run(&mut f)
+}
+
+/// [`with_retry`] over pieces of `input`: when a piece's attempt gets
+/// [`Error::SplitAndRetryOom`], `split` cuts it (into two or more pieces, in order)
+/// and each is processed in turn. Returns one result per piece processed, in input
+/// order.
+///
+/// # Errors
+/// As [`with_retry`]; [`Error::SplitAndRetryOom`] when `split` returns fewer than
+/// two pieces.
+pub fn with_split_retry<I, T>(
+    scope: &TaskScope,
+    input: I,
+    mut split: impl FnMut(I) -> Vec<I>,
+    mut f: impl FnMut(&I) -> Result<T>,
+) -> Result<Vec<T>> {
+    let block = Block::enter(scope)?;
+    let mut todo = vec![input]; // a stack: the next piece last
+    let mut done = Vec::new();
+    while let Some(piece) = todo.pop() {
+        match block.run(&mut || f(&piece)) {
+            Ok(t) => done.push(t),
+            Err(Error::SplitAndRetryOom) => {
+                let mut pieces = split(piece);
+                if pieces.len() < 2 {
+                    return Err(Error::SplitAndRetryOom);
+                }
+                pieces.reverse();
+                todo.append(&mut pieces);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// How the calling thread's last request in a retry block failed: `Some` for a
+/// rollback or a split, `None` otherwise (outside a retry block, or a refusal).
+pub(crate) fn last_refusal() -> Option<Rollback> {
+    let i = ledger::this_thread().and_then(ledger::retry_slot)?;
+    machine().last(i)
+}
+
+/// A failed `try_reserve` as memquota's error, so `?` works inside [`with_retry`]:
+/// [`Error::RetryOom`] or [`Error::SplitAndRetryOom`] when the allocation failed
+/// because the retry machine chose this thread, else [`Error::Refused`] (with
+/// `requested: 0`: the size is not known here).
+impl From<std::collections::TryReserveError> for Error {
+    fn from(_: std::collections::TryReserveError) -> Error {
+        match last_refusal() {
+            Some(Rollback::Retry) => Error::RetryOom,
+            Some(Rollback::Split) => Error::SplitAndRetryOom,
+            None => Error::Refused { requested: 0 },
+        }
+    }
+}

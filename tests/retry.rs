@@ -1,0 +1,356 @@
+//! Retry blocks (`with_retry`, `with_split_retry`): work that completes under
+//! pressure. Each check runs in a process of its own (the budget is process-wide),
+//! with the defaults a user gets (the 10 s watchdog, the 2 s share wait), except the
+//! watchdog's own check. Preconditions are forced with barriers, never hoped for.
+
+mod support;
+
+use memquota::{with_retry, with_split_retry, Config, Error, MemoryManager, QuotaAlloc, TaskScope};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestRunner};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+use support::MIB;
+
+#[global_allocator]
+static GLOBAL: QuotaAlloc = QuotaAlloc::new();
+
+const BUDGET: Duration = Duration::from_secs(60);
+
+fn main() {
+    support::run_isolated(
+        &[
+            ("four_tasks_complete_where_plain_refusal_fails", four_tasks_complete_where_plain_refusal_fails),
+            ("a_deadlock_rolls_the_youngest_back", a_deadlock_rolls_the_youngest_back),
+            (
+                "split_retry_fits_an_input_larger_than_the_limit",
+                split_retry_fits_an_input_larger_than_the_limit,
+            ),
+            ("the_only_short_task_splits_instead_of_waiting", the_only_short_task_splits_instead_of_waiting),
+            ("the_watchdog_ends_a_wait_with_the_report", the_watchdog_ends_a_wait_with_the_report),
+            ("pool_threads_count_as_their_task", pool_threads_count_as_their_task),
+            ("random_schedules_always_complete", random_schedules_always_complete),
+        ],
+        BUDGET,
+    );
+}
+
+fn mm() -> &'static MemoryManager {
+    MemoryManager::global()
+}
+
+/// `bytes` of memory taken fallibly, every page touched; `?` maps a refusal to
+/// memquota's error (a rollback or split inside a retry block).
+fn buffer(bytes: u64) -> memquota::Result<Vec<u8>> {
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(bytes as usize)?;
+    v.resize(bytes as usize, 1);
+    Ok(v)
+}
+
+/// The issue's case: 256 MiB, 100 MiB held outside any scope, 4 tasks each needing
+/// 3 x 16 MiB at once. All hold 2 buffers before any takes its third (a barrier), so
+/// 4 x 48 MiB cannot be held together: plain requests are refused; in retry blocks
+/// every task waits its turn and completes.
+fn four_tasks_complete_where_plain_refusal_fails() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    let _outside = buffer(100 * MIB).unwrap();
+
+    // Plain requests: the third buffers are asked for while every task holds its two.
+    let (go, done) = (Arc::new(Barrier::new(4)), Arc::new(Barrier::new(4)));
+    let refused: usize = (0..4u64)
+        .map(|id| {
+            let (go, done) = (Arc::clone(&go), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let scope = mm().begin("plain", id, 0).unwrap();
+                let _a = scope.attach().unwrap();
+                let held = [buffer(16 * MIB), buffer(16 * MIB)];
+                go.wait();
+                let third = buffer(16 * MIB);
+                done.wait(); // nothing is given back before every request is in
+                held.iter().chain([&third]).filter(|b| b.is_err()).count()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .sum();
+    support::say(format_args!("plain: {refused} of 12 buffers refused\n"));
+    assert!(refused >= 1, "the precondition: plain requests must be refused here");
+
+    // The same in retry blocks.
+    let before = memquota::stats();
+    let go = Arc::new(Barrier::new(4));
+    let results: Vec<_> = (0..4u64)
+        .map(|id| {
+            let go = Arc::clone(&go);
+            std::thread::spawn(move || {
+                let scope = mm().begin("retry", id, 0).unwrap();
+                let mut first = true;
+                let r = with_retry(&scope, || {
+                    let a = buffer(16 * MIB)?;
+                    let b = buffer(16 * MIB)?;
+                    if std::mem::take(&mut first) {
+                        go.wait();
+                    }
+                    let c = buffer(16 * MIB)?;
+                    Ok(a.len() + b.len() + c.len())
+                });
+                assert!(!scope.end().is_leak());
+                r
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let s = memquota::stats();
+    support::say(format_args!(
+        "retry: {results:?}; waits {}, rollbacks {}, splits {}, timeouts {}, refusals {}\n",
+        s.retry.waits - before.retry.waits,
+        s.retry.rollbacks - before.retry.rollbacks,
+        s.retry.splits - before.retry.splits,
+        s.retry.timeouts - before.retry.timeouts,
+        s.ooms - before.ooms,
+    ));
+    for r in &results {
+        assert_eq!(r.as_ref().ok(), Some(&(48 * MIB as usize)), "every task completes: {results:?}");
+    }
+    assert!(s.retry.waits > before.retry.waits, "some task had to wait");
+    assert_eq!(s.ooms, before.ooms, "no request refused");
+    assert_eq!(s.retry.timeouts, 0);
+    assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "every thread left its block");
+}
+
+/// 4 tasks hold 32 MiB each beside 100 MiB outside (228 of 256), then each wants 32
+/// MiB more: every task is blocked. The youngest rolls back, the oldest goes first.
+fn a_deadlock_rolls_the_youngest_back() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    let _outside = buffer(100 * MIB).unwrap();
+    let go = Arc::new(Barrier::new(4));
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let rolled = Arc::new([const { AtomicU64::new(0) }; 4]);
+    let threads: Vec<_> = (0..4u64)
+        .map(|id| {
+            let (go, finished, rolled) = (Arc::clone(&go), Arc::clone(&finished), Arc::clone(&rolled));
+            std::thread::spawn(move || {
+                let scope = mm().begin("deadlock", id, 0).unwrap();
+                let mut first = true;
+                let r = with_retry(&scope, || {
+                    let a = buffer(32 * MIB)?;
+                    if std::mem::take(&mut first) {
+                        go.wait();
+                    }
+                    let b = buffer(32 * MIB).inspect_err(|e| {
+                        if *e == Error::RetryOom {
+                            rolled[id as usize].fetch_add(1, SeqCst);
+                        }
+                    })?;
+                    Ok(a.len() + b.len())
+                });
+                finished.lock().unwrap().push(id);
+                r
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let order = finished.lock().unwrap().clone();
+    let rolled: Vec<u64> = rolled.iter().map(|r| r.load(SeqCst)).collect();
+    let s = memquota::stats();
+    support::say(format_args!(
+        "results {results:?}; finished in order {order:?}; rollbacks per task {rolled:?}; \
+         machine: waits {}, rollbacks {}, retries {}, splits {}\n",
+        s.retry.waits, s.retry.rollbacks, s.retry.retries, s.retry.splits
+    ));
+    assert!(results.iter().all(|r| r == &Ok(64 * MIB as usize)), "all complete");
+    assert!(s.retry.rollbacks >= 1, "the deadlock was broken by a rollback");
+    assert_eq!(rolled[0], 0, "the oldest task is never rolled back");
+    assert!(rolled[3] >= 1, "the youngest task rolled back first");
+    assert_eq!(order[0], 0, "the oldest task finishes first");
+    assert_eq!(s.retry.timeouts + s.ooms, 0, "no watchdog, no refusal");
+}
+
+/// 64 rows of 4 MiB each (256 MiB in all) under a 128 MiB limit: one attempt cannot
+/// fit, pieces do; the results come back in input order.
+fn split_retry_fits_an_input_larger_than_the_limit() {
+    memquota::init(Config::new().limit(128 * MIB)).unwrap();
+    let scope = mm().begin("splitter", 1, 0).unwrap();
+    let largest = AtomicU64::new(0);
+    let pieces = with_split_retry(
+        &scope,
+        0..64u64,
+        |r| {
+            let mid = r.start + (r.end - r.start) / 2;
+            vec![r.start..mid, mid..r.end]
+        },
+        |rows| {
+            let buf = buffer((rows.end - rows.start) * 4 * MIB)?;
+            largest.fetch_max(buf.len() as u64, SeqCst);
+            Ok(rows.clone())
+        },
+    )
+    .unwrap();
+    support::say(format_args!("pieces {pieces:?}; largest {} MiB\n", largest.load(SeqCst) / MIB));
+    let flat: Vec<u64> = pieces.iter().flat_map(|r| r.clone()).collect();
+    assert_eq!(flat, (0..64).collect::<Vec<_>>(), "every row once, in order");
+    assert!(pieces.len() >= 4, "split at least down to quarters");
+    assert!(largest.load(SeqCst) < 128 * MIB);
+    assert_eq!(memquota::stats().ooms, 0);
+}
+
+/// One task, 100 MiB outside it: a 200 MiB request fits the pool but never the
+/// headroom, and no other task can free anything. It is split, not left to the
+/// watchdog.
+fn the_only_short_task_splits_instead_of_waiting() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    let _outside = buffer(100 * MIB).unwrap();
+    let scope = mm().begin("alone", 1, 0).unwrap();
+    let r = with_retry(&scope, || buffer(200 * MIB).map(|b| b.len()));
+    let s = memquota::stats();
+    support::say(format_args!(
+        "{r:?}; waits {}, splits {}, timeouts {}\n",
+        s.retry.waits, s.retry.splits, s.retry.timeouts
+    ));
+    assert_eq!(r, Err(Error::SplitAndRetryOom));
+    assert_eq!(s.retry.timeouts, 0, "decided by the machine, not the watchdog");
+    assert_eq!(s.retry.waits, 1);
+}
+
+/// A thread attached to the task outside any retry block holds memory and may free
+/// it: the task is never "blocked", so the machine never acts; the watchdog ends the
+/// wait with a refusal and the report.
+fn the_watchdog_ends_a_wait_with_the_report() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    mm().set_retry_wait(Duration::from_millis(300));
+    let scope = mm().begin("watched", 1, 0).unwrap();
+    let (held, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let handle = scope.handle();
+    let holder = {
+        let (held, release) = (Arc::clone(&held), Arc::clone(&release));
+        std::thread::spawn(move || {
+            let _a = handle.attach().unwrap();
+            let b = buffer(200 * MIB).unwrap();
+            held.wait();
+            release.wait();
+            drop(b);
+        })
+    };
+    held.wait();
+    let r = with_retry(&scope, || buffer(100 * MIB).map(|b| b.len()));
+    release.wait();
+    holder.join().unwrap();
+    let s = memquota::stats();
+    support::say(format_args!("{r:?}; timeouts {}, reports {}\n", s.retry.timeouts, s.reports));
+    assert_eq!(r, Err(Error::Refused { requested: 0 }));
+    assert_eq!(s.retry.timeouts, 1);
+    assert_eq!(s.ooms, 1, "refused once, as outside a retry block");
+    assert!(support::first_report().contains("retry blocks:"), "the report shows the machine");
+}
+
+/// Shape 2 of docs/scopes.md: a pool thread attached to a task counts as the task's.
+/// Two tasks, each with its own thread and a pool thread, all four blocked: the
+/// younger task (both its threads) rolls back, the older completes.
+fn pool_threads_count_as_their_task() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    let _outside = buffer(100 * MIB).unwrap();
+    let go = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..2u64)
+        .flat_map(|id| {
+            let scope = Arc::new(mm().begin("task", id, 0).unwrap());
+            (0..2).map(move |_| (id, Arc::clone(&scope)))
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|(id, scope)| {
+            let go = Arc::clone(&go);
+            std::thread::spawn(move || {
+                let mut first = true;
+                with_retry(&scope, || {
+                    let a = buffer(32 * MIB)?;
+                    if std::mem::take(&mut first) {
+                        go.wait();
+                    }
+                    let b = buffer(32 * MIB)?;
+                    Ok((id, a.len() + b.len()))
+                })
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let s = memquota::stats();
+    support::say(format_args!("{results:?}; rollbacks {}, waits {}\n", s.retry.rollbacks, s.retry.waits));
+    assert!(results.iter().all(|r| r.as_ref().is_ok_and(|&(_, n)| n == 64 * MIB as usize)));
+    assert!(s.retry.rollbacks >= 1);
+    assert_eq!(s.retry.timeouts + s.ooms, 0);
+}
+
+/// Random tasks x threads x needs under a tight budget: every schedule terminates,
+/// every task completes (splitting where it must), nothing is refused, and the oldest
+/// task is never rolled back.
+fn random_schedules_always_complete() {
+    memquota::init(Config::new().limit(192 * MIB)).unwrap();
+    let mut runner =
+        TestRunner::new(PropConfig { cases: 24, failure_persistence: None, ..PropConfig::default() });
+    let cases = AtomicUsize::new(0);
+    // First buffers, all taken before a barrier, fit together under every task's
+    // share (at most 2 x 16 MiB of 192 / 4) so no thread waits at the barrier for one
+    // that is blocked; the second ones overlap.
+    let schedule = (2usize..5, 1usize..3, prop::collection::vec((4u64..16, 4u64..96), 8));
+    runner
+        .run(&schedule, |(tasks, threads, needs)| {
+            cases.fetch_add(1, SeqCst);
+            let before = memquota::stats();
+            let go = Arc::new(Barrier::new(tasks * threads));
+            let oldest_rolled = Arc::new(AtomicU64::new(0));
+            let mut joins = Vec::new();
+            for t in 0..tasks {
+                let scope: Arc<TaskScope> = Arc::new(mm().begin("prop", t as u64, 0).unwrap());
+                for k in 0..threads {
+                    let (first_mib, second_mib) = needs[(t * threads + k) % needs.len()];
+                    let (go, scope, oldest_rolled) =
+                        (Arc::clone(&go), Arc::clone(&scope), Arc::clone(&oldest_rolled));
+                    joins.push(std::thread::spawn(move || {
+                        let mut first = true;
+                        with_split_retry(
+                            &scope,
+                            second_mib,
+                            |mib| vec![mib / 2, mib - mib / 2],
+                            |&mib| {
+                                let a = buffer(first_mib * MIB);
+                                if std::mem::take(&mut first) {
+                                    go.wait();
+                                }
+                                let b = buffer(mib * MIB);
+                                for r in [&a, &b] {
+                                    if t == 0 && matches!(r, Err(Error::RetryOom)) {
+                                        oldest_rolled.fetch_add(1, SeqCst);
+                                    }
+                                }
+                                Ok(a?.len() + b?.len())
+                            },
+                        )
+                    }));
+                }
+            }
+            let results: Vec<_> = joins.into_iter().map(|j| j.join().unwrap()).collect();
+            let s = memquota::stats();
+            prop_assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            prop_assert_eq!(s.ooms, before.ooms);
+            prop_assert_eq!(s.retry.timeouts, before.retry.timeouts);
+            prop_assert_eq!(oldest_rolled.load(SeqCst), 0);
+            Ok(())
+        })
+        .unwrap();
+    let s = memquota::stats();
+    support::say(format_args!(
+        "{} schedules: waits {}, rollbacks {}, retries {}, splits {}\n",
+        cases.load(SeqCst),
+        s.retry.waits,
+        s.retry.rollbacks,
+        s.retry.retries,
+        s.retry.splits
+    ));
+}
