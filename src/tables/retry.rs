@@ -317,7 +317,16 @@ pub(crate) fn machine() -> MutexGuard<'static, Machine> {
 pub(crate) fn stats() -> RetryStats {
     let m = machine();
     let [running, allocating, blocked, rollback_requested, rolling_back, bufn, split_requested] = m.counts();
-    RetryStats { running, allocating, blocked, rollback_requested, rolling_back, bufn, split_requested, ..m.totals }
+    RetryStats {
+        running,
+        allocating,
+        blocked,
+        rollback_requested,
+        rolling_back,
+        bufn,
+        split_requested,
+        ..m.totals
+    }
 }
 
 /// Every scope with threads attached, into `out`, each with its room: what its share
