@@ -94,8 +94,9 @@ fn take_request(m: &mut Machine, i: usize) -> Option<Verdict> {
     Some(Verdict::Rolled(r))
 }
 
-/// Every scope with threads attached, with its room now. Read before the machine is
-/// locked: the heap figure may come from a probe function.
+/// Every scope with threads attached, with its room now. Read with the machine
+/// locked, on a busy-marked thread: a heap probe function that allocates there is
+/// charged, never policed, so it cannot come back to the machine.
 struct Tasks {
     active: [Active; MAX_SCOPES],
     n: usize,
@@ -129,7 +130,12 @@ fn resolve(mut m: std::sync::MutexGuard<'_, Machine>, tasks: &Tasks) -> bool {
 pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
     let Some(i) = ledger::retry_slot(l) else { return Verdict::TimedOut };
     // A request larger than the whole pool can never fit: it splits at once.
-    let pool = u64::try_from(POOL.lock().share().pool).unwrap_or(0);
+    let (pool, held) = {
+        let p = POOL.lock();
+        let held = p.scope(task).map_or(0, |s| s.held);
+        (p.share().pool, held)
+    };
+    let (pool, held) = (u64::try_from(pool).unwrap_or(0), u64::try_from(held).unwrap_or(0));
     if need > pool {
         let mut m = machine();
         m.totals.splits += 1;
@@ -138,13 +144,15 @@ pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
     }
     let rank = rank_of(task).unwrap_or((u64::MAX, u64::MAX));
     let _waiter = Waiter::new();
-    machine().block(i, task, rank, need, first);
+    machine().block(i, task, rank, need, held.min(pool - need), first);
     let deadline = Instant::now() + retry_wait();
     let mut waited = false;
     loop {
         let seen = signal::generation();
-        let tasks = Tasks::now();
+        // The rooms are read under the machine's lock, after the states: a thread
+        // shown waiting has given back what it had freed by then.
         let mut m = machine();
+        let tasks = Tasks::now();
         if let Some(v) = take_request(&mut m, i) {
             return v;
         }
@@ -169,14 +177,18 @@ pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
 /// room for what it failed on and no thread of an older task is blocked (a task
 /// ending makes both true), or the machine resumes it. Never longer than the retry
 /// wait.
-fn wait_until_further_notice(i: usize) {
+fn wait_until_further_notice(l: &Local, i: usize, task: u64) {
+    let _busy = ledger::enter(l);
     let _waiter = Waiter::new();
+    let _yielding = Yielding::new(task);
     machine().set(i, State::Bufn);
     let deadline = Instant::now() + retry_wait();
     loop {
         let seen = signal::generation();
-        let tasks = Tasks::now();
+        // The rooms are read under the machine's lock, after the states: a thread
+        // shown waiting has given back what it had freed by then.
         let mut m = machine();
+        let tasks = Tasks::now();
         let resumed = m.state(i) == State::Running;
         if resumed || Instant::now() >= deadline || m.may_resume(i, tasks.get()) {
             m.set(i, State::Running);
@@ -189,10 +201,29 @@ fn wait_until_further_notice(i: usize) {
     }
 }
 
+/// A thread of `task` waiting until further notice: the task yields its fair share
+/// while all its threads do.
+struct Yielding(u64);
+
+impl Yielding {
+    fn new(task: u64) -> Yielding {
+        POOL.lock().set_yielding(task, true);
+        signal::wake(); // the others' share grew
+        Yielding(task)
+    }
+}
+
+impl Drop for Yielding {
+    fn drop(&mut self) {
+        POOL.lock().set_yielding(self.0, false);
+    }
+}
+
 /// The calling thread inside a retry block: attached to the scope, with a slot in the
 /// machine (or none if its table is full: then requests are refused as outside).
 struct Block {
     l: &'static Local,
+    task: u64,
     slot: Option<usize>,
     _attached: AttachGuard,
 }
@@ -214,7 +245,7 @@ impl Block {
                 slot
             }
         };
-        Ok(Block { l, slot, _attached: attached })
+        Ok(Block { l, task: handle, slot, _attached: attached })
     }
 
     /// Runs `f` until it succeeds or fails with anything but a rollback; after each
@@ -237,7 +268,7 @@ impl Block {
                 machine().totals.retry_limit += 1;
                 return Err(Error::RetryOom);
             }
-            wait_until_further_notice(i);
+            wait_until_further_notice(self.l, i, self.task);
             machine().totals.retries += 1;
         }
     }

@@ -74,6 +74,8 @@ pub(crate) struct Scope {
     pub(crate) peak: i64,
     pub(crate) cap: i64,
     pub(crate) attached: u32,
+    /// Attached threads rolled back and waiting until further notice (retry blocks).
+    pub(crate) yielding: u32,
     pub(crate) waits: u64,
     pub(crate) refusals: u64,
 }
@@ -91,9 +93,15 @@ impl Scope {
         peak: 0,
         cap: i64::MAX,
         attached: 0,
+        yielding: 0,
         waits: 0,
         refusals: 0,
     };
+
+    /// Every attached thread is rolled back, waiting (see `Pool::set_yielding`).
+    fn yields(&self) -> bool {
+        self.live && self.attached > 0 && self.yielding >= self.attached
+    }
 
     /// The charge for `used` allocated and `reserved` reserved bytes.
     pub(crate) fn held_for(used: i64, reserved: i64) -> i64 {
@@ -206,6 +214,8 @@ pub(crate) struct Pool {
     scopes: [Scope; MAX_SCOPES],
     consumers: [Consumer; MAX_CONSUMERS],
     active: u32,
+    /// Live scopes whose every attached thread is rolled back (see `set_yielding`).
+    yielded: u32,
     held_sum: i64,
     /// The execution pool in bytes; 0: the process limit.
     pool_bytes: i64,
@@ -240,6 +250,7 @@ impl Pool {
             scopes: [Scope::EMPTY; MAX_SCOPES],
             consumers: [Consumer::EMPTY; MAX_CONSUMERS],
             active: 0,
+            yielded: 0,
             held_sum: 0,
             pool_bytes: 0,
             next_gen: 1,
@@ -306,6 +317,7 @@ impl Pool {
         let slot = index(handle);
         self.scopes[slot].live = false;
         self.active -= 1;
+        self.yielded -= u32::from(s.yields());
         self.held_sum -= s.held;
         self.totals.ended += 1;
         self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
@@ -327,7 +339,27 @@ impl Pool {
 
     pub(crate) fn share(&self) -> Share {
         let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
-        Share { pool, active: self.active, held_sum: self.held_sum }
+        Share { pool, active: self.active - self.yielded, held_sum: self.held_sum }
+    }
+
+    /// Applies `change` to scope `handle`, keeping the count of yielding scopes.
+    fn with_yield(&mut self, handle: u64, change: impl FnOnce(&mut Scope)) -> bool {
+        let Some(s) = self.scope_mut(handle) else { return false };
+        let before = s.yields();
+        change(s);
+        let after = s.yields();
+        self.yielded = self.yielded + u32::from(after) - u32::from(before);
+        true
+    }
+
+    /// A thread of scope `handle` enters (`true`) or leaves a wait until further
+    /// notice. A scope whose every attached thread waits so yields: like a task that
+    /// released its memory in Spark, it is not active for the fair share, so the
+    /// tasks still running may use the pool.
+    pub(crate) fn set_yielding(&mut self, handle: u64, on: bool) {
+        self.with_yield(handle, |s| {
+            s.yielding = if on { s.yielding + 1 } else { s.yielding.saturating_sub(1) };
+        });
     }
 
     /// Adds `d` bytes an attached thread allocated (or, negative, freed) to its scope.
@@ -341,13 +373,11 @@ impl Pool {
     }
 
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
-        self.scope_mut(handle).map(|s| s.attached += 1).is_some()
+        self.with_yield(handle, |s| s.attached += 1)
     }
 
     pub(crate) fn detach(&mut self, handle: u64) {
-        if let Some(s) = self.scope_mut(handle) {
-            s.attached = s.attached.saturating_sub(1);
-        }
+        self.with_yield(handle, |s| s.attached = s.attached.saturating_sub(1));
     }
 
     pub(crate) fn add_consumer(&mut self, handle: u64, name: &str) -> Option<u64> {

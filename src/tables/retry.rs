@@ -108,6 +108,10 @@ struct Slot {
     rank: Rank,
     /// The bytes of the request it is blocked on (or, in `Bufn`, failed on).
     need: u64,
+    /// What its attempt needed when it last blocked: its task's charge then plus the
+    /// request. A rolled-back thread waits for that much room, not just the request,
+    /// so it does not start an attempt that must roll back again.
+    attempt: u64,
     /// Nested retry blocks on this thread.
     depth: u32,
     /// How its last request in the block failed.
@@ -115,7 +119,8 @@ struct Slot {
 }
 
 impl Slot {
-    const FREE: Slot = Slot { state: State::Free, task: 0, rank: (0, 0), need: 0, depth: 0, last: None };
+    const FREE: Slot =
+        Slot { state: State::Free, task: 0, rank: (0, 0), need: 0, attempt: 0, depth: 0, last: None };
 }
 
 /// What the deadlock rule decided.
@@ -155,7 +160,7 @@ impl Machine {
             self.totals.unregistered += 1;
             return None;
         };
-        self.slots[i] = Slot { state: State::Running, task, rank, need: 0, depth: 1, last: None };
+        self.slots[i] = Slot { state: State::Running, task, rank, depth: 1, ..Slot::FREE };
         self.high = self.high.max(i + 1);
         Some(i)
     }
@@ -191,10 +196,11 @@ impl Machine {
         self.slots[i].state = state;
     }
 
-    /// Records the request slot `i` is about to block on (`first`: its first wait).
-    pub fn block(&mut self, i: usize, task: u64, rank: Rank, need: u64, first: bool) {
+    /// Records the request slot `i` is about to block on (`first`: its first wait),
+    /// its task holding `held` bytes.
+    pub fn block(&mut self, i: usize, task: u64, rank: Rank, need: u64, held: u64, first: bool) {
         let s = &mut self.slots[i];
-        *s = Slot { state: State::Blocked, task, rank, need, ..*s };
+        *s = Slot { state: State::Blocked, task, rank, need, attempt: held.saturating_add(need), ..*s };
         self.totals.waits += u64::from(first);
     }
 
@@ -221,10 +227,11 @@ impl Machine {
     }
 
     /// Whether a rolled-back slot `i` may run its attempt again: there is room for
-    /// what it failed on, and no thread of a task at least as old is blocked.
+    /// what the attempt needed, and no thread of a task at least as old is blocked.
     pub fn may_resume(&self, i: usize, active: &[Active]) -> bool {
         let me = &self.slots[i];
-        fits(me, active)
+        let room = active.iter().find(|a| a.task == me.task).map_or(0, |a| a.room);
+        me.attempt <= room
             && !self.used().any(|(j, s)| j != i && s.state == State::Blocked && s.rank <= me.rank)
     }
 
@@ -380,7 +387,7 @@ mod tests {
         let mut m = Machine::new();
         for &(task, rank, state, need) in slots {
             let i = m.register(task, rank).expect("room");
-            m.block(i, task, rank, need, true);
+            m.block(i, task, rank, need, 0, true);
             m.set(i, state);
         }
         m
