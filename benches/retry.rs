@@ -6,6 +6,8 @@
 //! * **R**: the same limit, each task in `with_retry`: requests wait, the youngest
 //!   task rolls back when all are stuck.
 //!
+//! Run:
+//!
 //!     cargo bench --bench retry                      # 8 tasks x 3 x 24 MiB, 192 MiB, 5 rounds
 //!     MEMQUOTA_BENCH_ROUNDS=3 cargo bench --bench retry
 //!
