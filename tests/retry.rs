@@ -31,6 +31,10 @@ fn main() {
             ("the_watchdog_ends_a_wait_with_the_report", the_watchdog_ends_a_wait_with_the_report),
             ("pool_threads_count_as_their_task", pool_threads_count_as_their_task),
             ("random_schedules_always_complete", random_schedules_always_complete),
+            (
+                "a_fork_while_a_thread_is_blocked_leaves_a_working_child",
+                a_fork_while_a_thread_is_blocked_leaves_a_working_child,
+            ),
         ],
         BUDGET,
     );
@@ -353,4 +357,53 @@ fn random_schedules_always_complete() {
         s.retry.retries,
         s.retry.splits
     ));
+}
+
+/// `fork` while another thread is blocked in a retry block: the child has only the
+/// forking thread, the machine's lock is free and the vanished thread's slot is gone,
+/// so a retry block in the child runs, blocks and splits as in a fresh process.
+fn a_fork_while_a_thread_is_blocked_leaves_a_working_child() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    let _outside = buffer(100 * MIB).unwrap();
+    let scope = Arc::new(mm().begin("parent", 1, 0).unwrap());
+    // A thread attached outside any retry block holds 100 MiB: it may free, so the
+    // blocked thread stays blocked (no rollback, no split) until it does.
+    let (held, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let holder = {
+        let (handle, held, release) = (scope.handle(), Arc::clone(&held), Arc::clone(&release));
+        std::thread::spawn(move || {
+            let a = handle.attach().unwrap();
+            let b = buffer(100 * MIB).unwrap();
+            held.wait();
+            release.wait();
+            drop((b, a));
+        })
+    };
+    held.wait();
+    let blocked = {
+        let scope = Arc::clone(&scope);
+        std::thread::spawn(move || with_retry(&scope, || buffer(100 * MIB).map(|b| b.len())))
+    };
+    // The precondition, forced: the thread is blocked when the process forks.
+    while memquota::stats().retry.blocked == 0 {
+        std::thread::yield_now();
+    }
+    // SAFETY: fork has no memory preconditions; the child allocates only through our
+    // allocator (whose fork handlers ran) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let s = memquota::stats().retry;
+        let child = mm().begin("child", 2, 0).unwrap();
+        let r = with_retry(&child, || buffer(200 * MIB).map(|b| b.len()));
+        let ok = s.blocked == 0 && r == Err(Error::SplitAndRetryOom);
+        // SAFETY: _exit ends the child without running the parent's destructors.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let code = support::wait_child(pid, Duration::from_secs(20));
+    release.wait();
+    holder.join().unwrap();
+    let r = blocked.join().unwrap();
+    support::say(format_args!("child exit {code:?}; parent's blocked thread: {r:?}\n"));
+    assert_eq!(code, Some(0), "the child saw no blocked thread and its own block split");
+    assert_eq!(r, Ok(100 * MIB as usize), "the parent's thread completes once the holder frees");
 }

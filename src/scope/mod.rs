@@ -63,6 +63,11 @@ pub(crate) unsafe fn after_fork(child: bool) {
         spill::after_fork(child);
         owner::after_fork();
         POOL.force_unlock();
+        if child {
+            // The vanished threads are attached nowhere: a task they served is not
+            // busy in the child, and the retry machine must not wait on them.
+            POOL.lock().after_fork_child(ledger::this_thread().map_or(0, ledger::scope_of));
+        }
         signal::after_fork(child);
         let survivor = ledger::this_thread().and_then(ledger::retry_slot);
         crate::tables::retry::after_fork(child, survivor);

@@ -372,6 +372,16 @@ impl Pool {
         dh
     }
 
+    /// In a `fork` child only the forking thread exists: it is the one thread
+    /// attached anywhere (to `survivor`, 0: none), and nothing waits.
+    pub(crate) fn after_fork_child(&mut self, survivor: u64) {
+        for (i, s) in self.scopes.iter_mut().enumerate() {
+            s.attached = u32::from(s.live && key(s.gen, i) == survivor);
+            s.yielding = 0;
+        }
+        self.yielded = 0;
+    }
+
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
         self.with_yield(handle, |s| s.attached += 1)
     }
