@@ -103,12 +103,11 @@ pub(crate) fn request_background(need: u64) {
         return;
     }
     if !WORKER_STARTED.swap(true, AcqRel) {
-        let spawned = std::thread::Builder::new().name("memquota-reclaim".into()).spawn(|| {
+        // This thread exists to reclaim: its own allocations are charged but never
+        // wait for a reclaim.
+        let spawned = ledger::spawn_service("memquota-reclaim", || {
             let face = ledger::face();
             let Some(l) = (face.local)() else { return };
-            // This thread exists to reclaim: its own allocations are charged but
-            // never wait for a reclaim.
-            ledger::exempt(l);
             loop {
                 COORDINATOR.serve_background(|need| run(l, face, need));
             }

@@ -29,14 +29,11 @@ pub(crate) fn ensure_sampling() {
     if STARTED.load(Relaxed) || STARTED.swap(true, AcqRel) {
         return;
     }
-    let spawned = std::thread::Builder::new().name("memquota-sampler".into()).spawn(|| {
-        // Its own few allocations are charged, never refused, never made to wait.
-        ledger::exempt_this_thread();
-        loop {
-            sample();
-            // A period, not a synchronisation.
-            std::thread::sleep(INTERVAL);
-        }
+    // Its own few allocations are charged, never refused, never made to wait.
+    let spawned = ledger::spawn_service("memquota-sampler", || loop {
+        sample();
+        // A period, not a synchronisation.
+        std::thread::sleep(INTERVAL);
     });
     if spawned.is_err() {
         STARTED.store(false, Release);

@@ -115,21 +115,34 @@ pub fn watchdog(status: fn(&mut Line)) {
         return;
     }
     now_ms();
+    let spawner = thread::current();
+    let ready = Arc::new(AtomicBool::new(false));
+    let started = Arc::clone(&ready);
     let t = thread::Builder::new()
         .name("watchdog".into())
-        .spawn(|| loop {
-            // Nothing below allocates: with its start-up bytes flushed, this thread
-            // leaves nothing unflushed for a check of exactness at quiescence.
-            memquota::flush_thread();
-            let deadline = DEADLINE_MS.load(SeqCst);
-            let now = now_ms();
-            if now >= deadline {
-                fire(now);
+        .spawn(move || {
+            // std's start-up allocations (the name's copy) are behind it now.
+            started.store(true, SeqCst);
+            spawner.unpark();
+            loop {
+                // Nothing below allocates: with its start-up bytes flushed, this thread
+                // leaves nothing unflushed for a check of exactness at quiescence.
+                memquota::flush_thread();
+                let deadline = DEADLINE_MS.load(SeqCst);
+                let now = now_ms();
+                if now >= deadline {
+                    fire(now);
+                }
+                // A timed park, woken early by `arm`: no allocation, no lock.
+                thread::park_timeout(Duration::from_millis(deadline.saturating_sub(now).min(1000)));
             }
-            // A timed park, woken early by `arm`: no allocation, no lock.
-            thread::park_timeout(Duration::from_millis(deadline.saturating_sub(now).min(1000)));
         })
         .expect("spawn the watchdog");
+    // Running before the test goes on: a test that fills the budget next must not see
+    // the watchdog's own start-up allocation refused (and the process abort).
+    while !ready.load(SeqCst) {
+        thread::park();
+    }
     let _ = WATCHDOG.set(t.thread().clone());
 }
 
