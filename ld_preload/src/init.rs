@@ -105,13 +105,11 @@ pub(crate) fn write_stats_to(path: String) {
     if WRITER_STARTED.swap(true, AcqRel) {
         return;
     }
-    let _ = std::thread::Builder::new().name("memquota-stats".into()).spawn(|| {
-        face::exempt(crate::tls::local()); // charged, never refused or made to wait
-        loop {
-            // A period, not a synchronisation.
-            std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
-            write_stats_file();
-        }
+    // Charged, never refused or made to wait.
+    let _ = face::spawn_service("memquota-stats", || loop {
+        // A period, not a synchronisation.
+        std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
+        write_stats_file();
     });
 }
 

@@ -92,7 +92,7 @@ pub(crate) fn exempt_this_thread() {
 /// could exempt it: a sampler or reclaim worker that started as the budget filled
 /// aborted the process there. The kernel gets `name` instead (truncated to its 15
 /// bytes), so `top`, `ps` and debuggers still show it.
-pub(crate) fn spawn_service(name: &str, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+pub fn spawn_service(name: &str, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     let mut kernel_name = [0u8; 16];
     let n = name.len().min(kernel_name.len() - 1);
     kernel_name[..n].copy_from_slice(&name.as_bytes()[..n]);
