@@ -115,35 +115,42 @@ pub fn watchdog(status: fn(&mut Line)) {
         return;
     }
     now_ms();
+    let t = spawn_running("watchdog", || {
+        loop {
+            // Nothing below allocates: with its start-up bytes flushed, this thread
+            // leaves nothing unflushed for a check of exactness at quiescence.
+            memquota::flush_thread();
+            let deadline = DEADLINE_MS.load(SeqCst);
+            let now = now_ms();
+            if now >= deadline {
+                fire(now);
+            }
+            // A timed park, woken early by `arm`: no allocation, no lock.
+            thread::park_timeout(Duration::from_millis(deadline.saturating_sub(now).min(1000)));
+        }
+    });
+    let _ = WATCHDOG.set(t.thread().clone());
+}
+
+/// Starts a thread of the test's own and returns once it runs: a test that fills the
+/// budget next must not see the thread's start-up allocation (std copies its name on
+/// the new thread) refused there, which aborts the process.
+fn spawn_running<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
     let spawner = thread::current();
     let ready = Arc::new(AtomicBool::new(false));
-    let started = Arc::clone(&ready);
-    let t = thread::Builder::new()
-        .name("watchdog".into())
+    let running = Arc::clone(&ready);
+    let handle = thread::Builder::new()
+        .name(name.into())
         .spawn(move || {
-            // std's start-up allocations (the name's copy) are behind it now.
-            started.store(true, SeqCst);
+            running.store(true, SeqCst);
             spawner.unpark();
-            loop {
-                // Nothing below allocates: with its start-up bytes flushed, this thread
-                // leaves nothing unflushed for a check of exactness at quiescence.
-                memquota::flush_thread();
-                let deadline = DEADLINE_MS.load(SeqCst);
-                let now = now_ms();
-                if now >= deadline {
-                    fire(now);
-                }
-                // A timed park, woken early by `arm`: no allocation, no lock.
-                thread::park_timeout(Duration::from_millis(deadline.saturating_sub(now).min(1000)));
-            }
+            body()
         })
-        .expect("spawn the watchdog");
-    // Running before the test goes on: a test that fills the budget next must not see
-    // the watchdog's own start-up allocation refused (and the process abort).
+        .unwrap_or_else(|e| panic!("spawn the {name}: {e}"));
     while !ready.load(SeqCst) {
         thread::park();
     }
-    let _ = WATCHDOG.set(t.thread().clone());
+    handle
 }
 
 fn fire(now: u64) -> ! {
@@ -272,24 +279,21 @@ impl Monitor {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = Arc::clone(&stop);
         SEEN_MAX_NATIVE.store(0, SeqCst);
-        let handle = thread::Builder::new()
-            .name("monitor".into())
-            .spawn(move || {
-                let mut seen = Samples::default();
-                loop {
-                    let s = memquota::stats();
-                    seen.count += 1;
-                    seen.max_native = seen.max_native.max(s.native);
-                    seen.max_threads = seen.max_threads.max(s.threads);
-                    SEEN_NATIVE.store(s.native, SeqCst);
-                    SEEN_MAX_NATIVE.fetch_max(s.native, SeqCst);
-                    if s2.load(SeqCst) {
-                        return seen;
-                    }
-                    thread::park_timeout(Duration::from_millis(1));
+        let handle = spawn_running("monitor", move || {
+            let mut seen = Samples::default();
+            loop {
+                let s = memquota::stats();
+                seen.count += 1;
+                seen.max_native = seen.max_native.max(s.native);
+                seen.max_threads = seen.max_threads.max(s.threads);
+                SEEN_NATIVE.store(s.native, SeqCst);
+                SEEN_MAX_NATIVE.fetch_max(s.native, SeqCst);
+                if s2.load(SeqCst) {
+                    return seen;
                 }
-            })
-            .expect("spawn the monitor");
+                thread::park_timeout(Duration::from_millis(1));
+            }
+        });
         Monitor { stop, handle }
     }
 
