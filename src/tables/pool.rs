@@ -76,6 +76,8 @@ pub(crate) struct Scope {
     pub(crate) attached: u32,
     /// Attached threads rolled back and waiting until further notice (retry blocks).
     pub(crate) yielding: u32,
+    /// It has held memory or had a thread attached.
+    pub(crate) started: bool,
     pub(crate) waits: u64,
     pub(crate) refusals: u64,
 }
@@ -94,6 +96,7 @@ impl Scope {
         cap: i64::MAX,
         attached: 0,
         yielding: 0,
+        started: false,
         waits: 0,
         refusals: 0,
     };
@@ -101,6 +104,17 @@ impl Scope {
     /// Every attached thread is rolled back, waiting (see `Pool::set_yielding`).
     fn yields(&self) -> bool {
         self.live && self.attached > 0 && self.yielding >= self.attached
+    }
+
+    /// Whether the scope takes part in the fair share: live and not yielding, from its
+    /// begin until it is idle (holding nothing, no thread attached) after it started
+    /// work. Tasks that begin together share from the start, whatever order their
+    /// first requests come in; a task whose work is done and whose memory is released
+    /// (Spark removes it from its pool then) no longer narrows the others' share,
+    /// even before its scope ends.
+    fn competes(&self) -> bool {
+        let busy = self.held > 0 || self.attached > 0;
+        self.live && !self.yields() && (busy || !self.started)
     }
 
     /// The charge for `used` allocated and `reserved` reserved bytes.
@@ -213,9 +227,10 @@ impl Share {
 pub(crate) struct Pool {
     scopes: [Scope; MAX_SCOPES],
     consumers: [Consumer; MAX_CONSUMERS],
-    active: u32,
-    /// Live scopes whose every attached thread is rolled back (see `set_yielding`).
-    yielded: u32,
+    /// Live scopes.
+    live: u32,
+    /// Scopes that take part in the fair share (`Scope::competes`).
+    competing: u32,
     held_sum: i64,
     /// The execution pool in bytes; 0: the process limit.
     pool_bytes: i64,
@@ -249,8 +264,8 @@ impl Pool {
         Pool {
             scopes: [Scope::EMPTY; MAX_SCOPES],
             consumers: [Consumer::EMPTY; MAX_CONSUMERS],
-            active: 0,
-            yielded: 0,
+            live: 0,
+            competing: 0,
             held_sum: 0,
             pool_bytes: 0,
             next_gen: 1,
@@ -303,7 +318,8 @@ impl Pool {
         let i = self.scopes.iter().position(|s| !s.live)?;
         let gen = self.gen();
         self.scopes[i] = Scope { gen, live: true, id, priority, name: Name::new(name), ..Scope::EMPTY };
-        self.active += 1;
+        self.live += 1;
+        self.competing += 1;
         self.totals.begun += 1;
         BEGUN.fetch_add(1, Relaxed);
         SCOPES_USED.store(true, Relaxed);
@@ -316,8 +332,8 @@ impl Pool {
         let s = *self.scope(handle)?;
         let slot = index(handle);
         self.scopes[slot].live = false;
-        self.active -= 1;
-        self.yielded -= u32::from(s.yields());
+        self.live -= 1;
+        self.competing -= u32::from(s.competes());
         self.held_sum -= s.held;
         self.totals.ended += 1;
         self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
@@ -337,19 +353,32 @@ impl Pool {
         self.pool_bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
     }
 
+    /// The fair share among the scopes that compete for the pool.
     pub(crate) fn share(&self) -> Share {
         let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
-        Share { pool, active: self.active - self.yielded, held_sum: self.held_sum }
+        Share { pool, active: self.competing, held_sum: self.held_sum }
     }
 
-    /// Applies `change` to scope `handle`, keeping the count of yielding scopes.
-    fn with_yield(&mut self, handle: u64, change: impl FnOnce(&mut Scope)) -> bool {
-        let Some(s) = self.scope_mut(handle) else { return false };
-        let before = s.yields();
-        change(s);
-        let after = s.yields();
-        self.yielded = self.yielded + u32::from(after) - u32::from(before);
-        true
+    /// The share as scope `handle` sees it when it asks: a scope that asks competes,
+    /// idle or not.
+    fn share_for(&self, handle: u64) -> Share {
+        let mut share = self.share();
+        if self.scope(handle).is_some_and(|s| !s.competes()) {
+            share.active += 1;
+        }
+        share
+    }
+
+    /// Applies `change` to scope `handle`, keeping the count of competing scopes.
+    /// Returns what `change` returned; `None`: the scope has ended.
+    fn with_count<R>(&mut self, handle: u64, change: impl FnOnce(&mut Scope) -> R) -> Option<R> {
+        let s = self.scope_mut(handle)?;
+        let before = s.competes();
+        let r = change(s);
+        s.started |= s.held > 0 || s.attached > 0;
+        let after = s.competes();
+        self.competing = self.competing + u32::from(after) - u32::from(before);
+        Some(r)
     }
 
     /// A thread of scope `handle` enters (`true`) or leaves a wait until further
@@ -357,7 +386,7 @@ impl Pool {
     /// released its memory in Spark, it is not active for the fair share, so the
     /// tasks still running may use the pool.
     pub(crate) fn set_yielding(&mut self, handle: u64, on: bool) {
-        self.with_yield(handle, |s| {
+        self.with_count(handle, |s| {
             s.yielding = if on { s.yielding + 1 } else { s.yielding.saturating_sub(1) };
         });
     }
@@ -365,9 +394,9 @@ impl Pool {
     /// Adds `d` bytes an attached thread allocated (or, negative, freed) to its scope.
     /// Returns the process account's change: `d` itself if the scope has ended.
     pub(crate) fn attribute(&mut self, handle: u64, d: i64) -> i64 {
-        let Some(s) = self.scope_mut(handle) else { return d };
-        let (used, reserved) = (s.used.saturating_add(d), s.reserved);
-        let dh = s.set(used, reserved);
+        let Some(dh) = self.with_count(handle, |s| s.set(s.used.saturating_add(d), s.reserved)) else {
+            return d;
+        };
         self.held_sum += dh;
         dh
     }
@@ -379,15 +408,15 @@ impl Pool {
             s.attached = u32::from(s.live && key(s.gen, i) == survivor);
             s.yielding = 0;
         }
-        self.yielded = 0;
+        self.competing = self.scopes.iter().map(|s| u32::from(s.competes())).sum();
     }
 
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
-        self.with_yield(handle, |s| s.attached += 1)
+        self.with_count(handle, |s| s.attached += 1).is_some()
     }
 
     pub(crate) fn detach(&mut self, handle: u64) {
-        self.with_yield(handle, |s| s.attached = s.attached.saturating_sub(1));
+        self.with_count(handle, |s| s.attached = s.attached.saturating_sub(1));
     }
 
     pub(crate) fn add_consumer(&mut self, handle: u64, name: &str) -> Option<u64> {
@@ -409,7 +438,7 @@ impl Pool {
     /// `partial`, a reservation may be granted less than asked. With `may_wait`, a
     /// scope below its minimum share that comes up short is told to wait.
     pub(crate) fn try_grant(&mut self, handle: u64, ask: Ask, partial: bool, may_wait: bool) -> Decision {
-        let share = self.share();
+        let share = self.share_for(handle);
         let Some(s) = self.scope(handle) else { return Decision::Ended };
         let (used, reserved, held, cap) = (s.used, s.reserved, s.held, s.cap);
         let b = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
@@ -453,14 +482,13 @@ impl Pool {
                 c.peak = c.peak.max(c.used);
             }
         }
-        let Some(s) = self.scope_mut(handle) else {
+        let applied = self.with_count(handle, |s| match ask {
+            Ask::Alloc(_) => s.set(s.used.saturating_add(g), s.reserved),
+            Ask::Reserve { .. } => s.set(s.used, s.reserved.saturating_add(g).max(0)),
+        });
+        let Some(dh) = applied else {
             return if matches!(ask, Ask::Alloc(_)) { g } else { 0 };
         };
-        let (used, reserved) = match ask {
-            Ask::Alloc(_) => (s.used.saturating_add(g), s.reserved),
-            Ask::Reserve { .. } => (s.used, s.reserved.saturating_add(g).max(0)),
-        };
-        let dh = s.set(used, reserved);
         self.held_sum += dh;
         dh
     }
@@ -505,14 +533,15 @@ impl Pool {
     /// The scope tree for an OOM report: every live scope, then its consumers, each
     /// with current and peak bytes. Writes into a fixed buffer: no allocation.
     pub(crate) fn write_tree(&self, w: &mut impl Write) -> fmt::Result {
-        if self.active == 0 {
+        if self.live == 0 {
             return Ok(());
         }
         let share = self.share();
         writeln!(
             w,
-            "  scopes           {} active, pool {}, share {} each (min {})",
-            self.active,
+            "  scopes           {} live, {} sharing the pool {}, share {} each (min {})",
+            self.live,
+            self.competing,
             SignedSize(share.pool),
             SignedSize(share.max_per()),
             SignedSize(share.min_per())

@@ -248,10 +248,12 @@ impl Machine {
 
     /// The deadlock rule, given every scope with threads attached (`active`). When
     /// every active task is blocked and no waiter can go on (none fits its room): with
-    /// two or more tasks short, the lowest-priority blocked thread rolls back; with
-    /// one, its highest-priority blocked thread splits (nothing else can free memory
-    /// for it); with none (all rolled back), the highest-priority rolled-back thread
-    /// runs again. Applies the action and returns it; `None`: something can progress.
+    /// two or more tasks short, or one while an older task waits rolled back, the
+    /// lowest-priority blocked thread rolls back (what it frees may let the older one
+    /// run); with one task short and none older, its highest-priority blocked thread
+    /// splits (nothing else can free memory for it); with none (all rolled back), the
+    /// highest-priority rolled-back thread runs again. Applies the action and returns
+    /// it; `None`: something can progress.
     pub fn resolve(&mut self, active: &[Active]) -> Option<Action> {
         if active.is_empty() {
             return None;
@@ -274,8 +276,14 @@ impl Machine {
         };
         let lowest = blocked().max_by_key(|(i, s)| (s.rank, *i)).map(|(i, _)| i);
         let highest = blocked().min_by_key(|(i, s)| (s.rank, *i)).map(|(i, _)| i);
+        let older_rolled_back = |h: usize| {
+            let rank = self.slots[h].rank;
+            self.used().any(|(_, s)| s.state == State::Bufn && s.rank < rank)
+        };
         let action = match (highest, lowest) {
-            (Some(h), Some(l)) if self.slots[h].task != self.slots[l].task => Action::Rollback(l),
+            (Some(h), Some(l)) if self.slots[h].task != self.slots[l].task || older_rolled_back(h) => {
+                Action::Rollback(l)
+            }
             (Some(h), _) => Action::Split(h),
             (None, _) => {
                 let bufn = self
@@ -436,6 +444,10 @@ mod tests {
             (3, (3, 3), State::Bufn, 10),
         ]);
         assert_eq!(m.resolve(&active(&[1, 2, 3], 0)), Some(Action::Split(1)));
+        // A younger task short while an older one waits rolled back: it rolls back
+        // (what it frees may let the older run), never splits.
+        let mut m = machine_with(&[(1, (1, 1), State::Bufn, 10), (2, (2, 2), State::Blocked, 10)]);
+        assert_eq!(m.resolve(&active(&[1, 2], 0)), Some(Action::Rollback(1)));
         let mut m = machine_with(&[(2, (2, 2), State::Bufn, 10), (3, (3, 3), State::Bufn, 10)]);
         assert_eq!(m.resolve(&active(&[2, 3], 0)), Some(Action::Resume(0)));
         assert_eq!(m.state(0), State::Running);
