@@ -113,8 +113,20 @@ impl Scope {
     /// (Spark removes it from its pool then) no longer narrows the others' share,
     /// even before its scope ends.
     fn competes(&self) -> bool {
-        let busy = self.held > 0 || self.attached > 0;
-        self.live && !self.yields() && (busy || !self.started)
+        self.live && !self.yields() && (self.busy() || !self.started)
+    }
+
+    /// Holding memory or with a thread attached.
+    fn busy(&self) -> bool {
+        self.held > 0 || self.attached > 0
+    }
+
+    /// Whether the scope takes part in the share that retry blocks see: Spark's rule
+    /// (busy and not yielding). A scope begun but not started does not narrow it: a
+    /// retry block waits for memory that running tasks hold, never for tasks that
+    /// have not started, and its deadlock rule sees only the tasks with threads.
+    fn competes_busy(&self) -> bool {
+        self.live && !self.yields() && self.busy()
     }
 
     /// The charge for `used` allocated and `reserved` reserved bytes.
@@ -197,6 +209,16 @@ pub(crate) enum Decision {
     Short { gap: u64 },
 }
 
+/// Which scopes a share divides the pool among.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Among {
+    /// From begin until idle after started work ([`Scope::competes`]): the fair share.
+    Begun,
+    /// Holding memory or with a thread attached ([`Scope::competes_busy`]): what a
+    /// thread in a retry block is admitted by, and what the retry machine's rooms use.
+    Busy,
+}
+
 /// Spark's ExecutionMemoryPool rule for one scope among `active`: it may hold up to
 /// `pool / active` (and its own cap), and one below `pool / (2 * active)` that cannot
 /// get memory waits instead of failing. Pure arithmetic.
@@ -231,6 +253,8 @@ pub(crate) struct Pool {
     live: u32,
     /// Scopes that take part in the fair share (`Scope::competes`).
     competing: u32,
+    /// Scopes that take part in the share retry blocks see (`Scope::competes_busy`).
+    competing_busy: u32,
     held_sum: i64,
     /// The execution pool in bytes; 0: the process limit.
     pool_bytes: i64,
@@ -266,6 +290,7 @@ impl Pool {
             consumers: [Consumer::EMPTY; MAX_CONSUMERS],
             live: 0,
             competing: 0,
+            competing_busy: 0,
             held_sum: 0,
             pool_bytes: 0,
             next_gen: 1,
@@ -334,6 +359,7 @@ impl Pool {
         self.scopes[slot].live = false;
         self.live -= 1;
         self.competing -= u32::from(s.competes());
+        self.competing_busy -= u32::from(s.competes_busy());
         self.held_sum -= s.held;
         self.totals.ended += 1;
         self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
@@ -355,15 +381,28 @@ impl Pool {
 
     /// The fair share among the scopes that compete for the pool.
     pub(crate) fn share(&self) -> Share {
+        self.share_among(Among::Begun)
+    }
+
+    /// The share among the scopes that compete for the pool under `among`'s rule.
+    pub(crate) fn share_among(&self, among: Among) -> Share {
         let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
-        Share { pool, active: self.competing, held_sum: self.held_sum }
+        let active = match among {
+            Among::Begun => self.competing,
+            Among::Busy => self.competing_busy,
+        };
+        Share { pool, active, held_sum: self.held_sum }
     }
 
     /// The share as scope `handle` sees it when it asks: a scope that asks competes,
     /// idle or not.
-    fn share_for(&self, handle: u64) -> Share {
-        let mut share = self.share();
-        if self.scope(handle).is_some_and(|s| !s.competes()) {
+    fn share_for(&self, handle: u64, among: Among) -> Share {
+        let mut share = self.share_among(among);
+        let counted = |s: &Scope| match among {
+            Among::Begun => s.competes(),
+            Among::Busy => s.competes_busy(),
+        };
+        if self.scope(handle).is_some_and(|s| !counted(s)) {
             share.active += 1;
         }
         share
@@ -373,11 +412,12 @@ impl Pool {
     /// Returns what `change` returned; `None`: the scope has ended.
     fn with_count<R>(&mut self, handle: u64, change: impl FnOnce(&mut Scope) -> R) -> Option<R> {
         let s = self.scope_mut(handle)?;
-        let before = s.competes();
+        let before = (s.competes(), s.competes_busy());
         let r = change(s);
-        s.started |= s.held > 0 || s.attached > 0;
-        let after = s.competes();
-        self.competing = self.competing + u32::from(after) - u32::from(before);
+        s.started |= s.busy();
+        let after = (s.competes(), s.competes_busy());
+        self.competing = self.competing + u32::from(after.0) - u32::from(before.0);
+        self.competing_busy = self.competing_busy + u32::from(after.1) - u32::from(before.1);
         Some(r)
     }
 
@@ -409,6 +449,7 @@ impl Pool {
             s.yielding = 0;
         }
         self.competing = self.scopes.iter().map(|s| u32::from(s.competes())).sum();
+        self.competing_busy = self.scopes.iter().map(|s| u32::from(s.competes_busy())).sum();
     }
 
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
@@ -437,8 +478,15 @@ impl Pool {
     /// Looks at the pool for `ask` on `handle` and applies it if it fits; with
     /// `partial`, a reservation may be granted less than asked. With `may_wait`, a
     /// scope below its minimum share that comes up short is told to wait.
-    pub(crate) fn try_grant(&mut self, handle: u64, ask: Ask, partial: bool, may_wait: bool) -> Decision {
-        let share = self.share_for(handle);
+    pub(crate) fn try_grant(
+        &mut self,
+        handle: u64,
+        ask: Ask,
+        partial: bool,
+        may_wait: bool,
+        among: Among,
+    ) -> Decision {
+        let share = self.share_for(handle, among);
         let Some(s) = self.scope(handle) else { return Decision::Ended };
         let (used, reserved, held, cap) = (s.used, s.reserved, s.held, s.cap);
         let b = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
@@ -603,7 +651,7 @@ mod tests {
         p.set_pool_bytes(1000);
         let h = p.begin("t", 1, 0).unwrap();
         let r = Ask::Reserve { bytes: 300, consumer: 0 };
-        assert_eq!(p.try_grant(h, r, false, true), Decision::Granted { granted: 300, dh: 300 });
+        assert_eq!(p.try_grant(h, r, false, true, Among::Begun), Decision::Granted { granted: 300, dh: 300 });
         assert_eq!(p.attribute(h, 200), 0, "inside the reservation: no new charge");
         assert_eq!(p.attribute(h, 150), 50);
         assert_eq!(p.apply(h, r, 300, -1), 0, "allocations exceed it: releasing costs nothing");
@@ -618,11 +666,36 @@ mod tests {
         let a = p.begin("a", 1, 0).unwrap();
         let b = p.begin("b", 2, 0).unwrap();
         let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
-        assert!(matches!(p.try_grant(a, ask(700), false, true), Decision::Short { gap: 200 }));
-        assert_eq!(p.try_grant(a, ask(700), true, true), Decision::Granted { granted: 500, dh: 500 });
+        assert!(matches!(p.try_grant(a, ask(700), false, true, Among::Begun), Decision::Short { gap: 200 }));
+        assert_eq!(
+            p.try_grant(a, ask(700), true, true, Among::Begun),
+            Decision::Granted { granted: 500, dh: 500 }
+        );
         assert_eq!(p.attribute(a, 800), 300, "allocations past the share are charged anyway");
         // b holds nothing, below 1/2N = 250, and only 200 are free: it waits
-        assert_eq!(p.try_grant(b, ask(600), true, true), Decision::Wait { gap: 400 });
-        assert_eq!(p.try_grant(b, ask(200), false, true), Decision::Granted { granted: 200, dh: 200 });
+        assert_eq!(p.try_grant(b, ask(600), true, true, Among::Begun), Decision::Wait { gap: 400 });
+        assert_eq!(
+            p.try_grant(b, ask(200), false, true, Among::Begun),
+            Decision::Granted { granted: 200, dh: 200 }
+        );
+    }
+
+    #[test]
+    fn retry_blocks_share_among_busy_scopes_only() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let a = p.begin("a", 1, 0).unwrap();
+        let b = p.begin("b", 2, 0).unwrap();
+        let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
+        // b has begun but not started: it narrows the fair share, not a retry block's.
+        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Begun), Decision::Short { .. }));
+        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Busy), Decision::Granted { .. }));
+        // Once b has a thread attached, it counts for both.
+        assert!(p.attach(b));
+        assert_eq!(p.share_among(Among::Busy).active, 2);
+        assert_eq!(p.share_among(Among::Begun).active, 2);
+        // Idle after its work: it counts for neither.
+        p.detach(b);
+        assert_eq!((p.share_among(Among::Busy).active, p.share_among(Among::Begun).active), (1, 1));
     }
 }

@@ -348,7 +348,7 @@ pub(crate) fn stats() -> RetryStats {
 /// allows, at most `headroom`. Returns how many.
 pub(crate) fn active_tasks(out: &mut [Active; super::MAX_SCOPES], headroom: u64) -> usize {
     let p = POOL.lock();
-    let share = p.share();
+    let share = p.share_among(super::pool::Among::Busy);
     let mut n = 0;
     for (task, s) in p.scopes() {
         if s.attached > 0 && n < out.len() {
