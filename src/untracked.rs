@@ -39,7 +39,7 @@ pub(crate) fn ensure_sampling() -> bool {
             let jemalloc = JemallocStats::read();
             sample(&jemalloc);
             purger.serve(&jemalloc);
-            purge::wait(INTERVAL);
+            purger.wait(INTERVAL);
         }
     });
     if spawned.is_err() {

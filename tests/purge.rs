@@ -8,7 +8,8 @@
 //!   count of purged pages, against the purge service's);
 //! * a user's own jemalloc decay option wins (and then jemalloc purges inline, which
 //!   the same count sees: the check above could fail);
-//! * a fork child, which has no purge service, gets jemalloc's own decay back.
+//! * a fork child, which has no purge service, gets jemalloc's own decay back;
+//! * far from the limit, freed pages go back to the system after the purge interval.
 
 mod support;
 
@@ -31,6 +32,11 @@ fn main() {
                 &[("_RJEM_MALLOC_CONF", "dirty_decay_ms:10000")],
             ),
             ("a_fork_child_gets_jemallocs_decay_back", a_fork_child_gets_jemallocs_decay_back, &[]),
+            (
+                "dirty_pages_go_back_after_the_purge_interval",
+                dirty_pages_go_back_after_the_purge_interval,
+                &[],
+            ),
         ],
         Duration::from_secs(60),
     );
@@ -187,4 +193,31 @@ fn a_fork_child_gets_jemallocs_decay_back() {
     let status = support::wait_child(pid, Duration::from_secs(10)).expect("the child exits");
     assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
     assert_eq!(arenas_dirty_decay_ms(), -1, "the parent keeps its purge service");
+}
+
+fn dirty_pages_go_back_after_the_purge_interval() {
+    let interval = Duration::from_millis(200);
+    memquota::init(Config::new().limit(1 << 30).purge_interval(Some(interval))).unwrap();
+    drop(working_set(64 * MIB));
+    // The service purges what stayed dirty for a whole interval (it may have purged
+    // once already since it started: poll for the freed pages, with a deadline).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let s = memquota::stats();
+        if (s.purges_idle >= 1 && s.purged_bytes >= 48 * MIB && s.jemalloc.dirty < MIB)
+            || Instant::now() >= deadline
+        {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10)); // polling, with a deadline
+    };
+    println!(
+        "  {} idle purges returned {}; dirty now {}",
+        s.purges_idle,
+        Size(s.purged_bytes),
+        Size(s.jemalloc.dirty)
+    );
+    assert!(s.purges_idle >= 1 && s.purged_bytes >= 48 * MIB, "the freed 64 MiB went back");
+    assert!(s.jemalloc.dirty < MIB, "dirty pages left: {}", Size(s.jemalloc.dirty));
+    assert_eq!(s.purges_budget, 0, "far from the limit");
 }
