@@ -39,6 +39,8 @@ mod gc;
 #[cfg(not(loom))]
 mod heap_probe;
 #[cfg(not(loom))]
+mod purge;
+#[cfg(not(loom))]
 mod reclaim;
 #[cfg(not(loom))]
 mod report;

@@ -314,15 +314,27 @@ const CHILD_VAR: &str = "MEMQUOTA_TEST_CHILD";
 /// with `-` select checks by substring. Prints cargo's closing line and exits non-zero
 /// if any check failed.
 pub fn run_isolated(checks: &[(&'static str, fn())], budget: Duration) {
+    let checks: Vec<Check> = checks.iter().map(|&(name, check)| (name, check, &[][..])).collect();
+    run_isolated_with_env(&checks, budget);
+}
+
+/// A check, and the environment its process starts with (jemalloc reads its options
+/// when it starts: they cannot be set from inside).
+pub type Check = (&'static str, fn(), &'static [(&'static str, &'static str)]);
+
+/// [`run_isolated`], each check's process started with its own variables. A check
+/// with variables of its own starts without jemalloc's option variables
+/// (`MALLOC_CONF`, `_RJEM_MALLOC_CONF`) unless it sets them.
+pub fn run_isolated_with_env(checks: &[Check], budget: Duration) {
     if let Ok(name) = std::env::var(CHILD_VAR) {
-        let (name, check) = *checks.iter().find(|c| c.0 == name).expect("a known check");
+        let &(name, check, _) = checks.iter().find(|c| c.0 == name).expect("a known check");
         child(name, check, budget);
     }
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let exe = std::env::current_exe().expect("own path");
     let mut failed = Vec::new();
     let mut ran = 0;
-    for (name, _) in checks {
+    for (name, _, env) in checks {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
@@ -332,6 +344,9 @@ pub fn run_isolated(checks: &[(&'static str, fn())], budget: Duration) {
         cmd.env(CHILD_VAR, name).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         for (var, _) in memquota::face::ENV_VARS {
             cmd.env_remove(var);
+        }
+        if !env.is_empty() {
+            cmd.env_remove("MALLOC_CONF").env_remove("_RJEM_MALLOC_CONF").envs(env.iter().copied());
         }
         let child = cmd.spawn().expect("spawn the check");
         let pid = child.id() as i32;
