@@ -32,6 +32,12 @@ mod account;
 mod ledger;
 #[cfg(not(loom))]
 mod tables;
+// Under loom, of the tables only the pure retry machine (its loom model).
+#[cfg(loom)]
+mod tables {
+    #[path = "machine.rs"]
+    pub(crate) mod machine;
+}
 // policy
 #[cfg(not(loom))]
 mod admission;
