@@ -75,17 +75,6 @@ pub(crate) fn this_thread() -> Option<&'static Local> {
     (face().local)()
 }
 
-/// Exempts the calling thread from the policy for the rest of its life: its
-/// allocations are charged but never refused and never wait for a reclaim. For
-/// memquota's own service threads, which never flush on their own: each of their
-/// allocations and frees goes straight to the account (slack 0), so the process is
-/// exact at quiescence without them.
-pub(crate) fn exempt_this_thread() {
-    if let Some(l) = this_thread() {
-        exempt(l);
-    }
-}
-
 /// Starts one of memquota's own service threads, exempt from the policy before its
 /// first allocation. The thread is unnamed for std, whose start-up code otherwise
 /// copies the name on the new thread, an infallible allocation made before `body`
@@ -105,8 +94,13 @@ pub fn spawn_service(name: &str, body: impl FnOnce() + Send + 'static) -> std::i
         .map(drop)
 }
 
-/// [`exempt_this_thread`] for a thread whose state the caller holds.
-pub fn exempt(l: &Local) {
+/// Exempts the calling thread from the policy for the rest of its life: its
+/// allocations are charged but never refused and never wait for a reclaim. For
+/// memquota's own service threads, which never flush on their own: each of their
+/// allocations and frees goes straight to the account (slack 0), so the process is
+/// exact at quiescence without them.
+fn exempt_this_thread() {
+    let Some(l) = this_thread() else { return };
     if l.phase.get() == Phase::Fresh {
         // Registered like any thread, so that its exit is accounted for.
         let registered = face();
