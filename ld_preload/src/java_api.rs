@@ -161,7 +161,9 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeRelease(
 /// `MemQuota.retryBegin(long)`: `memquota_retry_begin`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_retryBegin(mut env: JNIEnv, _: JClass, scope: jlong) {
-    crate::jvm_gate::remember_retry_classes(&mut env);
+    if !crate::jvm_gate::remember_retry_classes(&mut env) {
+        return; // NoClassDefFoundError: no block begins
+    }
     match crate::capi::memquota_retry_begin(scope as u64) {
         0 => {}
         e if e == -libc::EOVERFLOW => throw(

@@ -133,21 +133,20 @@ unsafe fn throw_oom(env: *mut JNIEnv) {
 static RETRY_CLASSES: OnceLock<[GlobalRef; 2]> = OnceLock::new();
 
 /// Finds and keeps the retry errors' classes (from a native of `MemQuota`, whose
-/// loader sees them). A class that cannot be found leaves them unset (the gate then
-/// throws the plain error) and its `NoClassDefFoundError` pending.
-pub(crate) fn remember_retry_classes(env: &mut jni::JNIEnv) {
+/// loader sees them). False if one cannot be found: its `NoClassDefFoundError` is
+/// pending.
+pub(crate) fn remember_retry_classes(env: &mut jni::JNIEnv) -> bool {
     if RETRY_CLASSES.get().is_some() {
-        return;
+        return true;
     }
     let mut global = |name: &str| -> Option<GlobalRef> {
         let class = env.find_class(name).ok()?;
         env.new_global_ref(class).ok()
     };
-    if let (Some(retry), Some(split)) =
-        (global("org/memquota/RetryOOM"), global("org/memquota/SplitAndRetryOOM"))
-    {
-        let _ = RETRY_CLASSES.set([retry, split]);
-    }
+    let Some(retry) = global("org/memquota/RetryOOM") else { return false };
+    let Some(split) = global("org/memquota/SplitAndRetryOOM") else { return false };
+    let _ = RETRY_CLASSES.set([retry, split]);
+    true
 }
 
 /// Throws `org.memquota.RetryOOM` or `SplitAndRetryOOM` for the retry machine's

@@ -315,8 +315,9 @@ fn task_scopes_from_java_attach_reserve_refuse_and_report_leaks() {
 /// back and completes. Two tasks each hold a 64 MiB block of `Unsafe` memory and ask
 /// for a second under a limit set 2.5 blocks above what is counted (the heap cannot
 /// move: -Xms equals -Xmx), so neither second block fits and both tasks are blocked:
-/// the retry machine rolls the younger back, the older completes first, then the
-/// younger runs its attempt again and completes. Nothing is refused.
+/// the retry machine rolls the younger back, the older gets its second block first
+/// (the younger's attempt cannot start again until it frees both), then the younger
+/// runs its attempt again and completes. Nothing is refused.
 #[test]
 fn a_task_in_with_retry_gets_retry_oom_rolls_back_and_completes() {
     let flags = ["-XX:+UseG1GC", "-Xms128m", "-Xmx128m"];
@@ -329,7 +330,7 @@ fn a_task_in_with_retry_gets_retry_oom_rolls_back_and_completes() {
         "task 0 2 blocks attempts 1 rolled back 0",
         "task 1 2 blocks attempts 2 rolled back 1",
         "caught org.memquota.RetryOOM is an OutOfMemoryError: true: memquota: rolled back",
-        "finished [0, 1]",
+        "second blocks granted in order [0, 1]",
     ] {
         assert!(stdout.contains(line), "no {line:?} in {}", said(&out));
     }

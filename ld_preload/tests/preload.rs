@@ -262,8 +262,8 @@ fn scopes_through_the_c_abi() {
 /// asks): none fits, every task is blocked, and the youngest is rolled back, seen as
 /// `-EAGAIN` from `memquota_scope_reserve` in one round and as a null from malloc
 /// with `memquota_last_refusal() == MEMQUOTA_REFUSAL_ROLLBACK` in the other; it frees
-/// its first block, waits in `memquota_retry_block` and completes after the older
-/// ones. Then one task's input that cannot fit splits (`-E2BIG`) into pieces that do,
+/// its first block, waits in `memquota_retry_block` and completes; every task does.
+/// Then one task's input that cannot fit splits (`-E2BIG`) into pieces that do,
 /// in order; a malloc bigger than the pool is a null with `MEMQUOTA_REFUSAL_SPLIT`,
 /// and a later plain refusal reads as `MEMQUOTA_REFUSAL_NONE`. Also the edges: codes
 /// outside a block, an ended scope, nesting, depth, a thread exiting inside a block.
@@ -297,11 +297,15 @@ fn retry_blocks_through_the_c_abi_roll_back_split_and_complete() {
     assert_eq!(value("exited_inside"), "running 0 blocks 0", "the exited thread's slot is free");
     for round in ["reserve", "malloc"] {
         let task = |i: usize| value(&format!("{round}_task{i}"));
+        // Which task gets memory first once the youngest gave way is a race between
+        // the woken ones (the machine ranks who may try, the account's CAS decides):
+        // not asserted. Who rolls back is the machine's rule.
         assert_eq!(field(&task(0), "rolled"), 0, "{round}: the oldest is never rolled back: {stdout}");
-        assert_eq!(field(&task(0), "order"), 0, "{round}: the oldest finishes first: {stdout}");
         let youngest = task(3);
         assert!(field(&youngest, "rolled") >= 1, "{round}: the youngest rolls back: {stdout}");
-        assert_eq!(field(&youngest, "attempts"), field(&youngest, "rolled") + 1, "{stdout}");
+        for i in 0..4 {
+            assert_eq!(field(&task(i), "attempts"), field(&task(i), "rolled") + 1, "{stdout}");
+        }
         if round == "malloc" {
             assert_eq!(field(&youngest, "errno"), i64::from(libc::ENOMEM), "malloc keeps its contract");
         }

@@ -194,7 +194,7 @@ public class JvmWorkload {
      * first block before either asks for its second: neither second block fits (half
      * a block is left), every task is blocked, and the retry machine rolls the younger
      * back. Its request throws RetryOOM; its attempt frees its first block (finally)
-     * and runs again once the older has finished. The heap must not move meanwhile
+     * and runs again once the older has freed both of its blocks. The heap must not move meanwhile
      * (-Xms equal to -Xmx): it is counted too.
      */
     static void retry(int blockMib) throws Exception {
@@ -213,7 +213,7 @@ public class JvmWorkload {
         int[] attempts = new int[2];
         int[] rolled = new int[2];
         String[] caught = new String[2];
-        List<Integer> finished = Collections.synchronizedList(new ArrayList<>());
+        List<Integer> granted = Collections.synchronizedList(new ArrayList<>());
         List<Thread> ts = new ArrayList<>();
         for (int t = 0; t < 2; t++) {
             int me = t;
@@ -235,13 +235,13 @@ public class JvmWorkload {
                                     + (e instanceof OutOfMemoryError) + ": " + e.getMessage();
                             throw e;
                         }
+                        granted.add(me); // holding both: the other cannot have its second now
                         unsafe.freeMemory(b);
                         return "2 blocks";
                     } finally {
                         unsafe.freeMemory(a);
                     }
                 });
-                finished.add(me);
                 MemQuota.scopeEnd(scope);
                 System.out.println("task " + me + " " + result + " attempts " + attempts[me] + " rolled back "
                         + rolled[me]);
@@ -255,7 +255,7 @@ public class JvmWorkload {
                 System.out.println("caught " + c);
             }
         }
-        System.out.println("finished " + finished);
+        System.out.println("second blocks granted in order " + granted);
         System.out.println("stats " + MemQuota.statsJson());
     }
 
