@@ -30,6 +30,22 @@ pub(crate) fn fits(bytes: i64) -> bool {
     taken.is_ok()
 }
 
+/// Adds `bytes` to the process account if that stays within the over-commit bound
+/// (the limit plus a sixteenth of it, as small requests under `refuse_min`), with no
+/// reclaim and no report: a lone budget's last resort. Counted as an over-commit.
+pub(crate) fn fits_overcommitted(bytes: i64) -> bool {
+    let quota = quota();
+    let heap = heap_probe::outside();
+    let taken = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap));
+    if let Ok(native) = taken {
+        if quota.pressure(native, heap) == Pressure::Hard {
+            ledger::note_overcommit();
+        }
+        ask_for_room(quota, native, heap);
+    }
+    taken.is_ok()
+}
+
 /// After a grant: past the soft threshold (or the limit), asks for a background
 /// reclaim of the excess over the soft threshold; and for a purge when jemalloc's
 /// unused resident pages would take the process past it (`purge.rs`). The one place

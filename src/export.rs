@@ -74,6 +74,14 @@ pub mod metric {
     #[allow(missing_docs)]
     pub const SCOPE_ALLOCATED_BYTES: &str = "memquota_scope_allocated_bytes";
     #[allow(missing_docs)]
+    pub const SCOPE_BUDGETS_TOTAL: &str = "memquota_scope_budgets_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_BUDGET_BORROWED_BYTES_TOTAL: &str = "memquota_scope_budget_borrowed_bytes_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_BUDGET_FREED_EARLY_BYTES_TOTAL: &str = "memquota_scope_budget_freed_early_bytes_total";
+    #[allow(missing_docs)]
+    pub const SCOPE_BUDGET_OVERCOMMIT_BYTES_TOTAL: &str = "memquota_scope_budget_overcommit_bytes_total";
+    #[allow(missing_docs)]
     pub const SCOPE_CONSUMER_BYTES: &str = "memquota_scope_consumer_bytes";
     #[allow(missing_docs)]
     pub const SCOPE_CONSUMER_SPILLS_TOTAL: &str = "memquota_scope_consumer_spills_total";
@@ -366,7 +374,7 @@ fn scope_label(w: &mut impl Write, s: &ScopeStats) -> fmt::Result {
 /// `{scope="name",id="7"}` (consumers add `consumer="name"`), then the manager's
 /// totals. Append it to [`write_prometheus`]'s output.
 pub fn write_scopes_prometheus(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Result {
-    let totals: [(&str, &str, &str, u64); 7] = [
+    let totals: [(&str, &str, &str, u64); 11] = [
         (SCOPES_ACTIVE, "gauge", "Scopes running.", snap.scopes.len() as u64),
         (SCOPE_POOL_BYTES, "gauge", "The execution pool the fair share divides.", snap.pool),
         (SCOPE_SHARE_BYTES, "gauge", "Each scope's fair share now.", snap.share),
@@ -378,6 +386,25 @@ pub fn write_scopes_prometheus(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt:
             "counter",
             "Reservations refused inside a callback.",
             snap.reserve_in_spill,
+        ),
+        (SCOPE_BUDGETS_TOTAL, "counter", "Budgets drawn from scopes.", snap.budgets),
+        (
+            SCOPE_BUDGET_BORROWED_BYTES_TOTAL,
+            "counter",
+            "Bytes budgets' runners borrowed past their grants.",
+            snap.budget_borrowed_bytes,
+        ),
+        (
+            SCOPE_BUDGET_FREED_EARLY_BYTES_TOTAL,
+            "counter",
+            "Bytes of budgets returned early (try_free).",
+            snap.budget_freed_early_bytes,
+        ),
+        (
+            SCOPE_BUDGET_OVERCOMMIT_BYTES_TOTAL,
+            "counter",
+            "Bytes granted past the limit to a lone budget.",
+            snap.budget_overcommit_bytes,
         ),
     ];
     for (name, kind, help, value) in totals {
@@ -409,7 +436,7 @@ pub fn write_scopes_prometheus(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt:
 pub fn write_scopes_json(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Result {
     write!(
         w,
-        "{{\"pool_bytes\":{},\"share_bytes\":{},\"begun\":{},\"ended\":{},\"leaked_bytes\":{},\"spills\":{},\"spilled_bytes\":{},\"waits\":{},\"refusals\":{},\"reserve_in_spill\":{},\"owner_records\":{},\"owner_overflows\":{},\"scopes\":[",
+        "{{\"pool_bytes\":{},\"share_bytes\":{},\"begun\":{},\"ended\":{},\"leaked_bytes\":{},\"spills\":{},\"spilled_bytes\":{},\"waits\":{},\"refusals\":{},\"reserve_in_spill\":{},\"owner_records\":{},\"owner_overflows\":{},\"budgets\":{},\"budget_borrowed_bytes\":{},\"budget_freed_early_bytes\":{},\"budget_overcommits\":{},\"budget_overcommit_bytes\":{},\"scopes\":[",
         snap.pool,
         snap.share,
         snap.begun,
@@ -421,7 +448,12 @@ pub fn write_scopes_json(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Resul
         snap.refusals,
         snap.reserve_in_spill,
         snap.owner_records,
-        snap.owner_overflows
+        snap.owner_overflows,
+        snap.budgets,
+        snap.budget_borrowed_bytes,
+        snap.budget_freed_early_bytes,
+        snap.budget_overcommits,
+        snap.budget_overcommit_bytes
     )?;
     for (i, s) in snap.scopes.iter().enumerate() {
         w.write_str(if i == 0 { "{\"name\":\"" } else { ",{\"name\":\"" })?;

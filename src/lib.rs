@@ -104,7 +104,7 @@ pub mod face {
     };
     pub use crate::slow_path::{charge_slow, end_gate, flush_thread, make_room, record};
     pub use crate::tables::retry::Rollback;
-    pub use crate::tables::{MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
+    pub use crate::tables::{MAX_BUDGETS, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
     pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};
 }
 
@@ -122,8 +122,9 @@ pub use {
     reclaim::{clear_reclaim, on_reclaim},
     report::{last_report, set_report_hook, ReportHook},
     scope::{
-        with_retry, with_split_retry, AttachGuard, Consumer, ConsumerStats, MemoryManager, Reservation,
-        ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope, MAX_RETRIES,
+        with_retry, with_split_retry, AttachGuard, Budget, BudgetStats, Consumer, ConsumerStats,
+        MemoryManager, Reservation, ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope,
+        MAX_RETRIES,
     },
     settings::{set_enforcement, set_limit, Enforcement},
     snapshot::stats,

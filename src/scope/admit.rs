@@ -54,7 +54,10 @@ pub(crate) fn acquire(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bo
 
 /// [`acquire`]'s looks at the pool, spills, waits and blocks.
 fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome {
-    let mut cursor = Cursor::new(handle, ask.consumer());
+    // A budget's requests spill, block and roll back as its scope's (its task's).
+    let task = POOL.lock().task_of(handle);
+    let mut cursor = Cursor::new(task, ask.consumer());
+    let mut borrowing = Borrowing { on: false, borrower: task != handle && matches!(ask, Ask::Alloc(_)) };
     let mut waited_out = false;
     // In a retry block a request that stays short blocks instead of failing, until
     // the watchdog ends its wait.
@@ -82,17 +85,7 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
                     spill::run(k, gap);
                     continue;
                 }
-                let Some((_, deadline)) = waiter else {
-                    // Register, then look again: a free from now on moves the generation.
-                    waiter = Some((Waiter::new(), Instant::now() + signal::wait_bound()));
-                    continue;
-                };
-                if Instant::now() >= deadline {
-                    waited_out = true;
-                    continue;
-                }
-                POOL.lock().note_wait(handle);
-                signal::wait_for_free(seen, deadline);
+                waited_out = !wait_for_free(handle, seen, &mut waiter);
                 continue;
             }
             Decision::Wait { gap } | Decision::Short { gap } => (gap, Short::Scope),
@@ -113,10 +106,19 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
                 }
             }
         }
+        // A budget short of room waits for other budgets in flight to free (a lone
+        // one over-commits in `finish`); one whose runner borrows a deficit counts
+        // among the borrowers, which new budgets wait behind. In a retry block it
+        // blocks instead.
+        if task != handle && !may_block && !waited_out && POOL.lock().others_in_flight(handle) {
+            borrowing.start();
+            waited_out = !wait_for_free(handle, seen, &mut waiter);
+            continue;
+        }
         match finish(l, face, handle, ask, short, may_block) {
             Outcome::Short => {
-                match retry::block(l, handle, ask.bytes(), !std::mem::replace(&mut blocked, true)) {
-                    Verdict::Again => cursor = Cursor::new(handle, ask.consumer()),
+                match retry::block(l, task, ask.bytes(), !std::mem::replace(&mut blocked, true)) {
+                    Verdict::Again => cursor = Cursor::new(task, ask.consumer()),
                     Verdict::Rolled(r) => return Outcome::Rolled(r),
                     Verdict::TimedOut => may_block = false,
                 }
@@ -124,6 +126,73 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
             done => return done,
         }
     }
+}
+
+/// One step of a bounded wait for memory to be freed (the share wait, a borrower's):
+/// registers the waiter first (then the caller looks again: a free from then on moves
+/// the generation), then waits for a free seen after `seen`. False once the wait
+/// bound has passed.
+fn wait_for_free(handle: u64, seen: u64, waiter: &mut Option<(Waiter, Instant)>) -> bool {
+    let Some((_, deadline)) = *waiter else {
+        *waiter = Some((Waiter::new(), Instant::now() + signal::wait_bound()));
+        return true;
+    };
+    if Instant::now() >= deadline {
+        return false;
+    }
+    POOL.lock().note_wait(handle);
+    signal::wait_for_free(seen, deadline);
+    true
+}
+
+/// A budget's runner short of a deficit: counted among the borrowers while it looks,
+/// so new budgets wait behind it.
+struct Borrowing {
+    on: bool,
+    borrower: bool,
+}
+
+impl Borrowing {
+    fn start(&mut self) {
+        if self.borrower && !self.on {
+            self.on = true;
+            POOL.lock().borrowers += 1;
+        }
+    }
+}
+
+impl Drop for Borrowing {
+    fn drop(&mut self) {
+        if self.on {
+            POOL.lock().borrowers -= 1;
+            signal::wake(); // new budgets may go now
+        }
+    }
+}
+
+/// A lone budget (no other in flight) that nothing else could make room for: its
+/// request is granted past the limit, within the over-commit bound, so one runner
+/// always makes progress (seed 001). Counted and reported as an over-commit.
+fn overcommit_lone_budget(handle: u64, ask: Ask) -> Option<u64> {
+    let dh = {
+        let mut p = POOL.lock();
+        if !p.lone_budget(handle) {
+            return None;
+        }
+        p.apply(handle, ask, ask.bytes(), 1)
+    };
+    if dh <= 0 || admission::fits_overcommitted(dh) {
+        let mut p = POOL.lock();
+        p.totals.budget_overcommits += 1;
+        p.totals.budget_overcommit_bytes += u64::try_from(dh).unwrap_or(0);
+        if dh <= 0 {
+            ACCOUNT.add(dh);
+        }
+        return Some(ask.bytes());
+    }
+    let undo = POOL.lock().apply(handle, ask, ask.bytes(), -1);
+    ACCOUNT.add(dh + undo);
+    None
 }
 
 /// Adds a granted change to the process account if it fits under the limit; undoes
@@ -169,6 +238,10 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short, may_block
             };
             let undo = POOL.lock().apply(handle, ask, granted, -1);
             ACCOUNT.add(dh + undo);
+            if let Some(g) = overcommit_lone_budget(handle, ask) {
+                set_refusing(0);
+                return Outcome::Granted(g);
+            }
             if may_block {
                 set_refusing(0);
                 return Outcome::Short;
@@ -177,6 +250,9 @@ fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short, may_block
             admission::refuse(dh, throttle, worst(ask));
             return Outcome::Refused;
         }
+    }
+    if let Some(g) = overcommit_lone_budget(handle, ask) {
+        return Outcome::Granted(g);
     }
     if may_block {
         return Outcome::Short;

@@ -9,11 +9,11 @@ use std::sync::atomic::Ordering::Relaxed;
 pub(crate) fn snapshot() -> ScopeSnapshot {
     let mut scopes: Vec<(u64, Scope)> = Vec::with_capacity(MAX_SCOPES);
     let mut consumers: Vec<(u64, pool::Consumer)> = Vec::with_capacity(MAX_CONSUMERS);
-    let (totals, share) = {
+    let (totals, share, borrowed) = {
         let p = POOL.lock();
         scopes.extend(p.scopes().map(|(h, s)| (h, *s)));
         consumers.extend(p.consumers().map(|(k, c)| (k, *c)));
-        (p.totals, p.share())
+        (p.totals, p.share(), p.borrowed_bytes())
     };
     ScopeSnapshot {
         pool: u64::try_from(share.pool).unwrap_or(0),
@@ -28,6 +28,11 @@ pub(crate) fn snapshot() -> ScopeSnapshot {
         reserve_in_spill: totals.reserve_in_spill,
         owner_records: owner::len() as u64,
         owner_overflows: owner::OVERFLOWS.load(Relaxed),
+        budgets: totals.budgets,
+        budget_borrowed_bytes: borrowed,
+        budget_freed_early_bytes: totals.freed_early_bytes,
+        budget_overcommits: totals.budget_overcommits,
+        budget_overcommit_bytes: totals.budget_overcommit_bytes,
         scopes: scopes
             .iter()
             .map(|(h, s)| {
@@ -148,6 +153,18 @@ pub struct ScopeSnapshot {
     pub owner_records: u64,
     /// Big blocks that got none (table full).
     pub owner_overflows: u64,
+    /// Budgets drawn ([`Budget`](crate::Budget)).
+    pub budgets: u64,
+    /// Bytes budgets' runners borrowed past their grants (each budget's largest
+    /// deficit; live budgets' so far).
+    pub budget_borrowed_bytes: u64,
+    /// Bytes returned early by [`Budget::try_free`](crate::Budget::try_free).
+    pub budget_freed_early_bytes: u64,
+    /// Grants to a lone budget past the limit (so one runner progresses), and their
+    /// bytes.
+    pub budget_overcommits: u64,
+    #[allow(missing_docs)]
+    pub budget_overcommit_bytes: u64,
     /// The live scopes.
     pub scopes: Vec<ScopeStats>,
 }

@@ -16,11 +16,13 @@
 //!   ([`ScopeHandle`], [`Consumer`]) that go stale, harmlessly, when the scope ends.
 
 mod admit;
+mod budget;
 mod figures;
 mod handles;
 mod retry;
 mod spill;
 
+pub use budget::{Budget, BudgetStats};
 pub use figures::{ConsumerStats, ScopeReport, ScopeSnapshot, ScopeStats};
 pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
 pub use retry::{
@@ -225,7 +227,8 @@ impl MemoryManager {
     /// The calling thread's scope, if it is attached to a live one.
     pub fn current(&self) -> Option<ScopeHandle> {
         let handle = (crate::ledger::face().local)().map_or(0, ledger::scope_of);
-        POOL.lock().scope(handle).is_some().then_some(ScopeHandle::from_raw(handle))
+        let p = POOL.lock();
+        p.scope(handle).is_some().then(|| ScopeHandle::from_raw(p.task_of(handle)))
     }
 
     /// Every live scope with its consumers, and the totals. Allocates (outside any

@@ -3,6 +3,7 @@
 //! ledger attributes every flush to the flushing thread's scope here, so attribution
 //! flows down; the arbitration above (`scope/`) reads and changes the same tables.
 
+pub(crate) mod budget;
 pub(crate) mod machine;
 pub(crate) mod owner;
 pub(crate) mod pool;
@@ -10,6 +11,7 @@ pub(crate) mod retry;
 pub(crate) mod signal;
 pub(crate) mod spin;
 
+pub use budget::MAX_BUDGETS;
 pub use owner::OWNED_MIN;
 pub use pool::{MAX_CONSUMERS, MAX_SCOPES};
 

@@ -9,6 +9,7 @@
 //! plus every scope's `held`, so a change of `held` is the change the process
 //! account must see, and this module returns it to the caller to add.
 
+use super::budget::{self, Entry, FIRST_INDEX, MAX_BUDGETS};
 use super::spin::SpinLock;
 use crate::text::SignedSize;
 use std::fmt::{self, Write};
@@ -70,6 +71,10 @@ pub(crate) struct Scope {
     pub(crate) name: Name,
     pub(crate) used: i64,
     pub(crate) reserved: i64,
+    /// Of `used`, what threads attached under its live budgets allocated.
+    pub(crate) in_budgets: i64,
+    /// What its live budgets are charged: each the larger of its grant and its use.
+    pub(crate) budgets: i64,
     pub(crate) held: i64,
     pub(crate) peak: i64,
     pub(crate) cap: i64,
@@ -91,6 +96,8 @@ impl Scope {
         name: Name::EMPTY,
         used: 0,
         reserved: 0,
+        in_budgets: 0,
+        budgets: 0,
         held: 0,
         peak: 0,
         cap: i64::MAX,
@@ -142,11 +149,13 @@ impl Scope {
         used.saturating_add(reserved.saturating_sub(used.max(0)).max(0))
     }
 
-    /// Sets both figures; returns the change of `held`.
-    fn set(&mut self, used: i64, reserved: i64) -> i64 {
-        self.used = used;
-        self.reserved = reserved;
-        let held = Scope::held_for(used, reserved);
+    /// Changes its figures with `f`; returns the change of `held`. Its budgets'
+    /// allocations are charged to them; the rest of `used` first consumes the
+    /// reservations.
+    pub(crate) fn update(&mut self, f: impl FnOnce(&mut Scope)) -> i64 {
+        f(self);
+        let held = Scope::held_for(self.used.saturating_sub(self.in_budgets), self.reserved)
+            .saturating_add(self.budgets);
         let dh = held.saturating_sub(self.held);
         self.held = held;
         self.peak = self.peak.max(held);
@@ -258,9 +267,39 @@ impl Share {
     }
 }
 
+/// Adds `g` bytes allocated (`alloc`) or reserved to scope `s`, through budget `b`
+/// when the request is one of its threads'; returns the change of `held`. A live
+/// budget's allocations draw on its grant, and a reservation on it grants it more; a
+/// draining budget's blocks are the scope's own.
+fn change(s: &mut Scope, b: Option<&mut Entry>, alloc: bool, g: i64) -> i64 {
+    match b {
+        Some(b) if b.live => {
+            let dc = if alloc { b.allocate(g) } else { b.grant(g) };
+            s.update(|s| {
+                if alloc {
+                    s.used = s.used.saturating_add(g);
+                    s.in_budgets = s.in_budgets.saturating_add(g);
+                }
+                s.budgets += dc;
+            })
+        }
+        Some(b) if alloc => {
+            b.allocate(g);
+            s.update(|s| s.used = s.used.saturating_add(g))
+        }
+        _ if alloc => s.update(|s| s.used = s.used.saturating_add(g)),
+        _ => s.update(|s| s.reserved = s.reserved.saturating_add(g).max(0)),
+    }
+}
+
 pub(crate) struct Pool {
     scopes: [Scope; MAX_SCOPES],
     consumers: [Consumer; MAX_CONSUMERS],
+    budgets: [Entry; MAX_BUDGETS],
+    /// Live budgets, over all scopes.
+    budgets_live: u32,
+    /// Budgets whose runner waits to borrow a deficit: new budgets wait behind them.
+    pub(crate) borrowers: u32,
     /// Live scopes.
     live: u32,
     /// Scopes that take part in each share (`Scope::counts`), indexed by `Among`.
@@ -283,6 +322,15 @@ pub(crate) struct Totals {
     pub(crate) reserve_in_spill: u64,
     pub(crate) waits: u64,
     pub(crate) refusals: u64,
+    /// Budgets begun.
+    pub(crate) budgets: u64,
+    /// Bytes budgets' runners borrowed past their grants (each budget's largest deficit).
+    pub(crate) borrowed_bytes: u64,
+    /// Bytes returned early by `Budget::try_free`.
+    pub(crate) freed_early_bytes: u64,
+    /// Grants to a lone budget past the limit, and their bytes.
+    pub(crate) budget_overcommits: u64,
+    pub(crate) budget_overcommit_bytes: u64,
 }
 
 fn key(gen: u64, index: usize) -> u64 {
@@ -298,6 +346,9 @@ impl Pool {
         Pool {
             scopes: [Scope::EMPTY; MAX_SCOPES],
             consumers: [Consumer::EMPTY; MAX_CONSUMERS],
+            budgets: [Entry::EMPTY; MAX_BUDGETS],
+            budgets_live: 0,
+            borrowers: 0,
             live: 0,
             competing: [0; 2],
             held_sum: 0,
@@ -312,6 +363,11 @@ impl Pool {
                 reserve_in_spill: 0,
                 waits: 0,
                 refusals: 0,
+                budgets: 0,
+                borrowed_bytes: 0,
+                freed_early_bytes: 0,
+                budget_overcommits: 0,
+                budget_overcommit_bytes: 0,
             },
         }
     }
@@ -322,12 +378,32 @@ impl Pool {
         g
     }
 
+    /// The scope of `handle`: itself, or the scope a budget (live or draining) was
+    /// drawn from.
+    pub(crate) fn task_of(&self, handle: u64) -> u64 {
+        self.budget(handle).map_or(handle, |b| b.scope)
+    }
+
+    /// The live or draining budget of key `handle`.
+    fn budget(&self, handle: u64) -> Option<&Entry> {
+        let b = self.budgets.get(budget::slot_of(handle)?)?;
+        (!b.free() && b.gen == handle >> 16).then_some(b)
+    }
+
+    fn budget_mut(&mut self, handle: u64) -> Option<&mut Entry> {
+        let b = self.budgets.get_mut(budget::slot_of(handle)?)?;
+        (!b.free() && b.gen == handle >> 16).then_some(b)
+    }
+
+    /// The scope of `handle` (a budget's: the scope it was drawn from), if live.
     pub(crate) fn scope(&self, handle: u64) -> Option<&Scope> {
+        let handle = self.task_of(handle);
         let s = self.scopes.get(index(handle))?;
         (handle != 0 && s.live && s.gen == handle >> 16).then_some(s)
     }
 
     fn scope_mut(&mut self, handle: u64) -> Option<&mut Scope> {
+        let handle = self.task_of(handle);
         let s = self.scopes.get_mut(index(handle))?;
         (handle != 0 && s.live && s.gen == handle >> 16).then_some(s)
     }
@@ -437,29 +513,130 @@ impl Pool {
     /// Adds `d` bytes an attached thread allocated (or, negative, freed) to its scope.
     /// Returns the process account's change: `d` itself if the scope has ended.
     pub(crate) fn attribute(&mut self, handle: u64, d: i64) -> i64 {
-        let Some(dh) = self.with_count(handle, |s| s.set(s.used.saturating_add(d), s.reserved)) else {
-            return d;
-        };
+        self.step(handle, true, d).unwrap_or(d)
+    }
+
+    /// Adds `g` bytes allocated (`alloc`) or reserved by `handle` (a scope or a
+    /// budget) to the tables; returns the change of `held`, `None` if the scope has
+    /// ended. A budget's allocations draw on its grant; a reservation on a budget
+    /// grants it more (or, negative, returns part of it).
+    fn step(&mut self, handle: u64, alloc: bool, g: i64) -> Option<i64> {
+        let scope_key = self.task_of(handle);
+        self.scope(scope_key)?;
+        let mut b = self.budget(handle).copied();
+        let dh = self.with_count(scope_key, |s| change(s, b.as_mut(), alloc, g))?;
+        if let (Some(mut b), Some(slot)) = (b, budget::slot_of(handle)) {
+            b.clear_if_free();
+            self.budgets[slot] = b;
+        }
+        self.held_sum += dh;
+        Some(dh)
+    }
+
+    /// Begins a budget drawn from scope `handle`, granted nothing yet; its key.
+    pub(crate) fn begin_budget(&mut self, handle: u64) -> Option<u64> {
+        let scope = self.task_of(handle);
+        self.scope(scope)?;
+        let i = self.budgets.iter().position(Entry::free)?;
+        let gen = self.gen();
+        self.budgets[i] = Entry { gen, live: true, scope, ..Entry::EMPTY };
+        self.budgets_live += 1;
+        self.totals.budgets += 1;
+        Some(key(gen, FIRST_INDEX + i))
+    }
+
+    /// Ends budget `key`: its unused grant goes back to the pool, and what its threads
+    /// still hold stays with its scope (credited when freed). Returns the change of
+    /// `held`.
+    pub(crate) fn end_budget(&mut self, key: u64) -> i64 {
+        let Some(b) = self.budget(key).copied().filter(|b| b.live) else { return 0 };
+        self.budgets_live -= 1;
+        self.totals.borrowed_bytes += u64::try_from(b.borrowed).unwrap_or(0);
+        if let Some(e) = self.budget_mut(key) {
+            e.live = false;
+            e.clear_if_free();
+        }
+        let dh = self.with_count(b.scope, |s| {
+            s.update(|s| {
+                s.in_budgets -= b.used;
+                s.budgets -= b.charge();
+            })
+        });
+        let dh = dh.unwrap_or(0);
         self.held_sum += dh;
         dh
+    }
+
+    /// Returns up to `bytes` of budget `key`'s grant its use does not cover; the
+    /// bytes returned and the change of `held`.
+    pub(crate) fn free_budget(&mut self, key: u64, bytes: u64) -> (u64, i64) {
+        let Some(give) = self.budget(key).filter(|b| b.live).map(|b| b.unused(bytes)) else { return (0, 0) };
+        let dh = self.step(key, false, -give).unwrap_or(0);
+        self.totals.freed_early_bytes += give as u64;
+        (give as u64, dh)
+    }
+
+    /// Budget `key`'s figures: granted, used, borrowed; `None` once it ended.
+    pub(crate) fn budget_figures(&self, key: u64) -> Option<(i64, i64, i64)> {
+        self.budget(key).filter(|b| b.live).map(|b| (b.granted, b.used, b.borrowed))
+    }
+
+    /// Whether `key` is a live budget, the only one in flight: its runner may
+    /// over-commit, so one always makes progress.
+    pub(crate) fn lone_budget(&self, key: u64) -> bool {
+        self.budget(key).is_some_and(|b| b.live) && self.budgets_live == 1
+    }
+
+    /// Bytes borrowed past their grants: ended budgets' largest deficits and live
+    /// budgets' so far.
+    pub(crate) fn borrowed_bytes(&self) -> u64 {
+        let live: i64 = self.budgets.iter().filter(|b| b.live).map(|b| b.borrowed).sum();
+        self.totals.borrowed_bytes + u64::try_from(live).unwrap_or(0)
+    }
+
+    /// Whether `key` is a live budget and other budgets are in flight: a runner short
+    /// of its deficit then waits for them to free.
+    pub(crate) fn others_in_flight(&self, key: u64) -> bool {
+        self.is_budget(key) && self.budgets_live > 1
+    }
+
+    /// Whether `key` is a live budget.
+    pub(crate) fn is_budget(&self, key: u64) -> bool {
+        self.budget(key).is_some_and(|b| b.live)
     }
 
     /// In a `fork` child only the forking thread exists: it is the one thread
     /// attached anywhere (to `survivor`, 0: none), and nothing waits.
     pub(crate) fn after_fork_child(&mut self, survivor: u64) {
+        let task = self.task_of(survivor);
         for (i, s) in self.scopes.iter_mut().enumerate() {
-            s.attached = u32::from(s.live && key(s.gen, i) == survivor);
+            s.attached = u32::from(s.live && key(s.gen, i) == task);
             s.yielding = 0;
+        }
+        for (i, b) in self.budgets.iter_mut().enumerate() {
+            b.attached = u32::from(!b.free() && key(b.gen, FIRST_INDEX + i) == survivor);
+            b.clear_if_free();
         }
         self.competing = Among::ALL.map(|among| self.scopes.iter().map(|s| u32::from(s.counts(among))).sum());
     }
 
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
-        self.with_count(handle, |s| s.attached += 1).is_some()
+        if budget::slot_of(handle).is_some() && !self.is_budget(handle) {
+            return false; // an ended budget takes no new threads
+        }
+        let attached = self.with_count(handle, |s| s.attached += 1).is_some();
+        if let Some(b) = self.budget_mut(handle).filter(|_| attached) {
+            b.attached += 1;
+        }
+        attached
     }
 
     pub(crate) fn detach(&mut self, handle: u64) {
         self.with_count(handle, |s| s.attached = s.attached.saturating_sub(1));
+        if let Some(b) = self.budget_mut(handle) {
+            b.attached = b.attached.saturating_sub(1);
+            b.clear_if_free();
+        }
     }
 
     pub(crate) fn add_consumer(&mut self, handle: u64, name: &str) -> Option<u64> {
@@ -490,19 +667,17 @@ impl Pool {
     ) -> Decision {
         let share = self.share_for(handle, among);
         let Some(s) = self.scope(handle) else { return Decision::Ended };
-        let (used, reserved, held, cap) = (s.used, s.reserved, s.held, s.cap);
+        let (plain, reserved, held, cap) = (s.used.saturating_sub(s.in_budgets), s.reserved, s.held, s.cap);
         let b = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
-        let full = match ask {
-            Ask::Alloc(_) => Scope::held_for(used.saturating_add(b), reserved),
-            Ask::Reserve { .. } => Scope::held_for(used, reserved.saturating_add(b)),
-        };
-        let need = full.saturating_sub(held);
+        let alloc = matches!(ask, Ask::Alloc(_));
+        let need = change(&mut { *s }, self.budget(handle).copied().as_mut(), alloc, b);
+        let budget = self.is_budget(handle);
         let room = share.room(held, cap);
         let granted = if need <= room {
             ask.bytes()
-        } else if partial && matches!(ask, Ask::Reserve { .. }) {
+        } else if partial && !alloc && !budget {
             // The part already covered by allocations costs nothing more.
-            let covered = used.max(0).saturating_sub(reserved).max(0);
+            let covered = plain.max(0).saturating_sub(reserved).max(0);
             u64::try_from(covered.saturating_add(room)).unwrap_or(0).min(ask.bytes())
         } else {
             0
@@ -510,7 +685,22 @@ impl Pool {
         let gap = u64::try_from(need.saturating_sub(room)).unwrap_or(0);
         // Waiting helps when the pool is short, not when the scope's own cap is.
         let capped = cap.saturating_sub(held.max(0)) < need;
-        if may_wait && !capped && granted < ask.bytes() && held.max(0).saturating_add(room) < share.min_per()
+        // A budget short of room waits for other budgets in flight to free (a lone one
+        // over-commits instead); a new budget waits behind the runners borrowing a
+        // deficit (seed 001).
+        let borrows = self.others_in_flight(handle);
+        let behind_borrowers = budget && !alloc && need > 0 && self.borrowers > 0;
+        if behind_borrowers {
+            return if may_wait {
+                Decision::Wait { gap: gap.max(1) }
+            } else {
+                Decision::Short { gap: gap.max(1) }
+            };
+        }
+        if may_wait
+            && !capped
+            && granted < ask.bytes()
+            && (borrows || held.max(0).saturating_add(room) < share.min_per())
         {
             return Decision::Wait { gap };
         }
@@ -532,15 +722,8 @@ impl Pool {
                 c.peak = c.peak.max(c.used);
             }
         }
-        let applied = self.with_count(handle, |s| match ask {
-            Ask::Alloc(_) => s.set(s.used.saturating_add(g), s.reserved),
-            Ask::Reserve { .. } => s.set(s.used, s.reserved.saturating_add(g).max(0)),
-        });
-        let Some(dh) = applied else {
-            return if matches!(ask, Ask::Alloc(_)) { g } else { 0 };
-        };
-        self.held_sum += dh;
-        dh
+        let alloc = matches!(ask, Ask::Alloc(_));
+        self.step(handle, alloc, g).unwrap_or(if alloc { g } else { 0 })
     }
 
     pub(crate) fn note_wait(&mut self, handle: u64) {
@@ -609,6 +792,16 @@ impl Pool {
                 SignedSize(s.reserved),
                 s.attached
             )?;
+            for b in self.budgets.iter().filter(|b| b.live && b.scope == key(s.gen, i)) {
+                writeln!(
+                    w,
+                    "      budget: granted {}, used {}, borrowed {}, {} threads",
+                    SignedSize(b.granted),
+                    SignedSize(b.used),
+                    SignedSize(b.borrowed),
+                    b.attached
+                )?;
+            }
             for (_, c) in self.consumers_of(i) {
                 writeln!(
                     w,
@@ -659,6 +852,37 @@ mod tests {
         assert_eq!(p.apply(h, r, 300, -1), 0, "allocations exceed it: releasing costs nothing");
         assert_eq!(p.scope(h).unwrap().held, 350);
         assert_eq!(p.end(h).map(|(s, d)| (s.used, d)), Some((350, 0)));
+    }
+
+    #[test]
+    fn budgets_draw_first_and_drain_into_their_scope() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let h = p.begin("t", 1, 0).unwrap();
+        let b = p.begin_budget(h).unwrap();
+        assert_eq!(p.task_of(b), h);
+        let grant = Ask::Reserve { bytes: 100, consumer: 0 };
+        assert_eq!(
+            p.try_grant(b, grant, false, true, Among::Begun),
+            Decision::Granted { granted: 100, dh: 100 }
+        );
+        let r = Ask::Reserve { bytes: 50, consumer: 0 };
+        assert_eq!(p.try_grant(h, r, false, true, Among::Begun), Decision::Granted { granted: 50, dh: 50 });
+        assert_eq!(p.attribute(b, 80), 0, "the budget's use draws on its grant, not the reservation");
+        assert_eq!(p.attribute(h, 30), 0, "the scope's own use draws on the reservation");
+        assert_eq!(p.attribute(b, 40), 20, "past its grant the budget borrows");
+        assert_eq!(p.scope(h).unwrap().held, 120 + 50);
+        assert_eq!(p.free_budget(b, 1000), (0, 0), "nothing over-claimed while it borrows");
+        assert_eq!(p.attribute(b, -100), -20, "freed: back to its grant");
+        assert_eq!(p.free_budget(b, 50), (50, -50));
+        assert!(p.attach(b));
+        // Its 20 live bytes stay with the scope, covered now by the 50 reserved.
+        assert_eq!(p.end_budget(b), -50, "its grant goes back");
+        assert!(!p.attach(b), "an ended budget takes no thread");
+        assert_eq!(p.attribute(b, -20), 0, "a draining block credits the scope, under its reservation");
+        p.detach(b);
+        assert_eq!(p.scope(h).map(|s| (s.used, s.held, s.attached)), Some((30, 50, 0)));
+        assert_eq!(p.attribute(b, 5), 5, "a drained budget's key is stale");
     }
 
     #[test]
