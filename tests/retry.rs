@@ -32,6 +32,10 @@ fn main() {
             ("pool_threads_count_as_their_task", pool_threads_count_as_their_task),
             ("random_schedules_always_complete", random_schedules_always_complete),
             (
+                "callbacks_that_allocate_and_panic_inside_retry_blocks",
+                callbacks_that_allocate_and_panic_inside_retry_blocks,
+            ),
+            (
                 "a_fork_while_a_thread_is_blocked_leaves_a_working_child",
                 a_fork_while_a_thread_is_blocked_leaves_a_working_child,
             ),
@@ -409,4 +413,94 @@ fn a_fork_while_a_thread_is_blocked_leaves_a_working_child() {
     support::say(format_args!("child exit {code:?}; parent's blocked thread: {r:?}\n"));
     assert_eq!(code, Some(0), "the child saw no blocked thread and its own block split");
     assert_eq!(r, Ok(100 * MIB as usize), "the parent's thread completes once the holder frees");
+}
+
+/// The four tasks (3 x 16 MiB each at once, 100 MiB held outside, 256 MiB), with
+/// callbacks that misbehave: each task's spillable consumer (a 4 MiB cache, reserved
+/// for it) allocates, then panics on every other call and frees its cache on the
+/// others; the process's reclaim
+/// callback allocates and panics every time. Every task still completes in its retry
+/// block, the panics are caught, nothing is refused and every thread leaves its block.
+fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    // The harness's panic hook lifts the limit (so a failed assertion can print):
+    // the callbacks' own panics must leave it in place.
+    let harness_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let planted = info.payload().downcast_ref::<&str>().is_some_and(|m| m.ends_with("then panics"));
+        if !planted {
+            harness_hook(info);
+        }
+    }));
+    let reclaims = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&reclaims);
+    memquota::on_reclaim(move |_| {
+        counted.fetch_add(1, SeqCst);
+        let scratch = vec![7u8; 64 << 10];
+        std::hint::black_box(&scratch);
+        panic!("a reclaim callback that allocates, then panics");
+    });
+    let _outside = buffer(100 * MIB).unwrap();
+    let before = memquota::stats();
+    let spill_calls = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(Barrier::new(4));
+    let results: Vec<_> = (0..4u64)
+        .map(|id| {
+            let (go, calls) = (Arc::clone(&go), Arc::clone(&spill_calls));
+            std::thread::spawn(move || {
+                let scope = mm().begin("misbehaving", id, 0).unwrap();
+                type Cache = Option<(memquota::Reservation, Vec<u8>)>;
+                let cache: Arc<Mutex<Cache>> = Arc::new(Mutex::new(None));
+                let held = Arc::clone(&cache);
+                let consumer = scope
+                    .consumer("cache", move |_| {
+                        let n = calls.fetch_add(1, SeqCst);
+                        let scratch = vec![1u8; 32 << 10];
+                        std::hint::black_box(&scratch);
+                        if n % 2 == 0 {
+                            panic!("a spill callback that allocates, then panics");
+                        }
+                        let Ok(mut held) = held.try_lock() else { return 0 };
+                        held.take().map_or(0, |(_, c)| c.len() as u64)
+                    })
+                    .unwrap();
+                let mut first = true;
+                let r = with_retry(&scope, || {
+                    if cache.lock().unwrap().is_none() {
+                        let reservation = consumer.reserve(4 * MIB)?;
+                        *cache.lock().unwrap() = Some((reservation, buffer(4 * MIB)?));
+                    }
+                    let a = buffer(16 * MIB)?;
+                    let b = buffer(16 * MIB)?;
+                    if std::mem::take(&mut first) {
+                        go.wait();
+                    }
+                    let c = buffer(16 * MIB)?;
+                    Ok(a.len() + b.len() + c.len())
+                });
+                cache.lock().unwrap().take();
+                r
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let s = memquota::stats();
+    support::say(format_args!(
+        "{results:?}; spill calls {}, reclaims {}, waits {}, rollbacks {}, refusals {}\n",
+        spill_calls.load(SeqCst),
+        reclaims.load(SeqCst),
+        s.retry.waits - before.retry.waits,
+        s.retry.rollbacks - before.retry.rollbacks,
+        s.ooms - before.ooms,
+    ));
+    for r in &results {
+        assert_eq!(r.as_ref().ok(), Some(&(48 * MIB as usize)), "every task completes: {results:?}");
+    }
+    assert!(spill_calls.load(SeqCst) > 0, "the precondition: the spill callbacks ran");
+    assert_eq!(s.ooms, before.ooms, "no request refused");
+    assert_eq!(s.retry.timeouts, 0);
+    assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "every thread left its block");
 }
