@@ -424,22 +424,13 @@ fn a_fork_while_a_thread_is_blocked_leaves_a_working_child() {
 fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
     memquota::init(Config::new().limit(256 * MIB)).unwrap();
     memquota::set_report_hook(support::counting_hook);
-    // The harness's panic hook lifts the limit (so a failed assertion can print):
-    // the callbacks' own panics must leave it in place.
-    let harness_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let planted = info.payload().downcast_ref::<&str>().is_some_and(|m| m.ends_with("then panics"));
-        if !planted {
-            harness_hook(info);
-        }
-    }));
     let reclaims = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&reclaims);
     memquota::on_reclaim(move |_| {
         counted.fetch_add(1, SeqCst);
         let scratch = vec![7u8; 64 << 10];
         std::hint::black_box(&scratch);
-        panic!("a reclaim callback that allocates, then panics");
+        panic!("a reclaim callback allocates, then panics on purpose");
     });
     let _outside = buffer(100 * MIB).unwrap();
     let before = memquota::stats();
@@ -459,7 +450,7 @@ fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
                         let scratch = vec![1u8; 32 << 10];
                         std::hint::black_box(&scratch);
                         if n % 2 == 0 {
-                            panic!("a spill callback that allocates, then panics");
+                            panic!("a spill callback allocates, then panics on purpose");
                         }
                         let Ok(mut held) = held.try_lock() else { return 0 };
                         held.take().map_or(0, |(_, c)| c.len() as u64)
