@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{inherited_vars, lib, text};
+use common::{inherited_vars, lib, text, Metrics};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -130,13 +130,18 @@ fn show(out: &Output) -> String {
 }
 
 /// A parsed stats file.
-struct Stats(prometheus_parse::Scrape);
+struct Stats(Metrics);
+
+impl std::ops::Deref for Stats {
+    type Target = Metrics;
+    fn deref(&self) -> &Metrics {
+        &self.0
+    }
+}
 
 impl Stats {
     fn read(path: &Path, out: &Output) -> Stats {
-        let body = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("stats file {}: {e}\n{}", path.display(), show(out)));
-        let stats = Stats(prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap());
+        let stats = Stats(Metrics::read(path, || show(out)));
         let mib = |name: &str| stats.get(name) / (1 << 20) as f64;
         eprintln!(
             "{}: native {:.1} MiB (peak {:.1}), heap committed {:.1} MiB, refusals {}, RSS {:.1} MiB",
@@ -148,23 +153,6 @@ impl Stats {
             mib("memquota_process_rss_bytes"),
         );
         stats
-    }
-
-    fn get(&self, name: &str) -> f64 {
-        self.labelled(name, None)
-    }
-
-    fn labelled(&self, name: &str, kind: Option<&str>) -> f64 {
-        let sample = self
-            .0
-            .samples
-            .iter()
-            .find(|s| s.metric == name && (kind.is_none() || s.labels.get("kind") == kind))
-            .unwrap_or_else(|| panic!("no {name} {kind:?} in the stats file"));
-        match sample.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
-            _ => panic!("{name}: not a gauge or counter"),
-        }
     }
 
     /// The file was written by a JVM, not by one of the small preloaded processes
