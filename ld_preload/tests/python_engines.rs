@@ -15,8 +15,8 @@
 
 mod common;
 
-use common::{inherited_vars, lib, said, text, Metrics};
-use std::path::{Path, PathBuf};
+use common::{inherited_vars, lib, said, text, venv_python, Metrics};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
@@ -31,25 +31,6 @@ const KEY_MOD: u64 = 1_000_003;
 const DIGITS: u64 = 24;
 const PREFIX: &str = "memquota-engines:";
 const WARNING: &str = "most of this process's memory comes from an allocator memquota does not see";
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// The venv's python, or a loud failure with the command that makes it.
-fn python() -> PathBuf {
-    let py = std::env::var_os("MEMQUOTA_ENGINES_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/engines-venv/bin/python"));
-    assert!(
-        py.exists(),
-        "\n\n*** {} is missing: these tests need the duckdb and polars wheels. Run\n\n    \
-         scripts/engines-venv.sh\n\n(scripts/test.sh does, ~10 s), or set MEMQUOTA_ENGINES_PYTHON \
-         to a python with duckdb and polars. ***\n",
-        py.display()
-    );
-    py
-}
 
 /// Runs query.py with `args` under the preload with the 512 MiB limit, the exit
 /// summary and a stats file, plus `env`. Returns what it said and its stats file.
@@ -70,7 +51,9 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (Output, Metrics) {
     for (k, v) in env {
         cmd.arg(format!("{k}={v}"));
     }
-    cmd.arg(python()).arg(script).args(args);
+    cmd.arg(venv_python("MEMQUOTA_ENGINES_PYTHON", "engines-venv", "duckdb and polars"))
+        .arg(script)
+        .args(args);
     for var in inherited_vars().chain(["LD_PRELOAD"]) {
         cmd.env_remove(var);
     }

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{inherited_vars, lib, text, Metrics};
+use common::{inherited_vars, lib, text, venv_python, Metrics};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -38,24 +38,6 @@ const TOO_SMALL: &str = "128m";
 
 const PREFIX: &str = "memquota-spark-job:";
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// The venv's python, or a loud failure with the command that makes it.
-fn python() -> PathBuf {
-    let py = std::env::var_os("MEMQUOTA_SPARK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/spark-venv/bin/python"));
-    assert!(
-        py.exists(),
-        "\n\n*** {} is missing: the Spark tests need pyspark. Run\n\n    scripts/spark-venv.sh\n\n\
-         (scripts/test.sh does, ~30 s), or set MEMQUOTA_SPARK_PYTHON to a python with pyspark. ***\n",
-        py.display()
-    );
-    py
-}
-
 /// A fresh directory for one run's stats files and the JVM's crash files, if any.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memquota-spark-{}-{name}", std::process::id()));
@@ -77,7 +59,11 @@ fn job(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.arg(format!("{k}={v}"));
     }
-    cmd.arg(python()).arg(script).args(["--page-size", PAGE, "--preload"]).arg(lib()).args(args);
+    cmd.arg(venv_python("MEMQUOTA_SPARK_PYTHON", "spark-venv", "pyspark"))
+        .arg(script)
+        .args(["--page-size", PAGE, "--preload"])
+        .arg(lib())
+        .args(args);
     for var in inherited_vars().chain(["MEMQUOTA_STATS_INTERVAL", "LD_PRELOAD"]).chain([
         "SPARK_HOME",
         "PYSPARK_PYTHON",

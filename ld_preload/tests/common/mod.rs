@@ -75,3 +75,20 @@ impl Metrics {
         }
     }
 }
+
+/// The python of `target/<venv>` (made by `scripts/<venv>.sh`), or of the variable
+/// `var` when set; a loud failure that says how to make it when it is missing: the
+/// tests that need it never skip.
+pub fn venv_python(var: &str, venv: &str, needs: &str) -> PathBuf {
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let py = std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target").join(venv).join("bin/python"));
+    assert!(
+        py.exists(),
+        "\n\n*** {} is missing: these tests need {needs}. Run\n\n    scripts/{venv}.sh\n\n\
+         (scripts/test.sh does), or set {var} to a python with {needs}. ***\n",
+        py.display()
+    );
+    py
+}
