@@ -24,6 +24,9 @@ fi
 say "pyspark in target/spark-venv for the Spark test (cached; ~30 s the first time)"
 scripts/spark-venv.sh
 
+say "duckdb and polars in target/engines-venv for the private-allocator test (cached; ~10 s the first time)"
+scripts/engines-venv.sh
+
 say "build (the preload tests run target/release/libmemquota.so)"
 cargo build --release
 

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_ok, inherited_vars, lib, text};
+use common::{assert_ok, inherited_vars, lib, text, Metrics};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -580,13 +580,8 @@ fn metrics_endpoint_is_scraped_from_another_process() {
     assert_ok(&out, "serve");
     assert!(response.starts_with("HTTP/1.0 200 OK"), "{response}");
     let body = response.split_once("\r\n\r\n").unwrap().1;
-    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap();
-    let get = |name: &str| {
-        scrape.samples.iter().find(|s| s.metric == name).map(|s| match s.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
-            _ => f64::NAN,
-        })
-    };
+    let scrape = Metrics::parse(body);
+    let get = |name: &str| scrape.find(name, None);
     assert_eq!(get("memquota_limit_bytes"), Some((1u64 << 30) as f64));
     assert!(get("memquota_native_peak_bytes").unwrap() > 0.0);
     assert!(get("memquota_process_rss_bytes").unwrap() > 0.0);

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{inherited_vars, lib, text};
+use common::{inherited_vars, lib, text, venv_python, Metrics};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
@@ -38,24 +38,6 @@ const TOO_SMALL: &str = "128m";
 
 const PREFIX: &str = "memquota-spark-job:";
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// The venv's python, or a loud failure with the command that makes it.
-fn python() -> PathBuf {
-    let py = std::env::var_os("MEMQUOTA_SPARK_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/spark-venv/bin/python"));
-    assert!(
-        py.exists(),
-        "\n\n*** {} is missing: the Spark tests need pyspark. Run\n\n    scripts/spark-venv.sh\n\n\
-         (scripts/test.sh does, ~30 s), or set MEMQUOTA_SPARK_PYTHON to a python with pyspark. ***\n",
-        py.display()
-    );
-    py
-}
-
 /// A fresh directory for one run's stats files and the JVM's crash files, if any.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("memquota-spark-{}-{name}", std::process::id()));
@@ -77,7 +59,11 @@ fn job(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.arg(format!("{k}={v}"));
     }
-    cmd.arg(python()).arg(script).args(["--page-size", PAGE, "--preload"]).arg(lib()).args(args);
+    cmd.arg(venv_python("MEMQUOTA_SPARK_PYTHON", "spark-venv", "pyspark"))
+        .arg(script)
+        .args(["--page-size", PAGE, "--preload"])
+        .arg(lib())
+        .args(args);
     for var in inherited_vars().chain(["MEMQUOTA_STATS_INTERVAL", "LD_PRELOAD"]).chain([
         "SPARK_HOME",
         "PYSPARK_PYTHON",
@@ -130,13 +116,18 @@ fn show(out: &Output) -> String {
 }
 
 /// A parsed stats file.
-struct Stats(prometheus_parse::Scrape);
+struct Stats(Metrics);
+
+impl std::ops::Deref for Stats {
+    type Target = Metrics;
+    fn deref(&self) -> &Metrics {
+        &self.0
+    }
+}
 
 impl Stats {
     fn read(path: &Path, out: &Output) -> Stats {
-        let body = std::fs::read_to_string(path)
-            .unwrap_or_else(|e| panic!("stats file {}: {e}\n{}", path.display(), show(out)));
-        let stats = Stats(prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned()))).unwrap());
+        let stats = Stats(Metrics::read(path, || show(out)));
         let mib = |name: &str| stats.get(name) / (1 << 20) as f64;
         eprintln!(
             "{}: native {:.1} MiB (peak {:.1}), heap committed {:.1} MiB, refusals {}, RSS {:.1} MiB",
@@ -148,23 +139,6 @@ impl Stats {
             mib("memquota_process_rss_bytes"),
         );
         stats
-    }
-
-    fn get(&self, name: &str) -> f64 {
-        self.labelled(name, None)
-    }
-
-    fn labelled(&self, name: &str, kind: Option<&str>) -> f64 {
-        let sample = self
-            .0
-            .samples
-            .iter()
-            .find(|s| s.metric == name && (kind.is_none() || s.labels.get("kind") == kind))
-            .unwrap_or_else(|| panic!("no {name} {kind:?} in the stats file"));
-        match sample.value {
-            prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Counter(v) => v,
-            _ => panic!("{name}: not a gauge or counter"),
-        }
     }
 
     /// The file was written by a JVM, not by one of the small preloaded processes
