@@ -113,9 +113,9 @@ pub use {
     report::{last_report, set_report_hook, ReportHook},
     scope::{
         with_retry, with_split_retry, AttachGuard, Consumer, ConsumerStats, MemoryManager, Reservation,
-        ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope, MAX_RETRIES,
+        ScopeAccount, ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope, MAX_RETRIES,
     },
     settings::{set_enforcement, set_limit, Enforcement},
-    snapshot::stats,
-    stats::{HeapBytes, JemallocStats, RetryStats, Stats},
+    snapshot::{budget, report_now, stats},
+    stats::{Budget, HeapBytes, JemallocStats, RetryStats, Stats},
 };

@@ -21,7 +21,7 @@ mod handles;
 mod retry;
 mod spill;
 
-pub use figures::{ConsumerStats, ScopeReport, ScopeSnapshot, ScopeStats};
+pub use figures::{ConsumerStats, ScopeAccount, ScopeReport, ScopeSnapshot, ScopeStats};
 pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
 pub use retry::{with_retry, with_split_retry, MAX_RETRIES};
 
