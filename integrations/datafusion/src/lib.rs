@@ -38,10 +38,10 @@
 #![warn(missing_docs)]
 
 mod attach;
+mod decay;
 mod decide;
 mod exhausted;
 mod pool;
-mod purge;
 mod query;
 mod spill_files;
 

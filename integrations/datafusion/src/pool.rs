@@ -4,7 +4,7 @@
 //! with `decide` over figures read at that moment.
 
 use crate::decide::{decide, Figures, Margin, Request};
-use crate::{exhausted, purge};
+use crate::{decay, exhausted};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation};
 use memquota::{Enforcement, MemoryManager, Reservation, ScopeHandle};
@@ -18,10 +18,6 @@ use std::sync::{Mutex, MutexGuard};
 /// spill's sorted copy, merge buffers being read). Chosen by measurement: at 20% the
 /// example's query peaks at 47-49 MiB tracked under 64 MiB (docs/datafusion.md).
 pub const DEFAULT_MARGIN: f64 = 0.2;
-
-/// A shrink of at least this fraction of the limit purges jemalloc's freed pages, so
-/// resident memory follows a spill down.
-const PURGE_FRACTION: u64 = 16;
 
 /// A DataFusion [`MemoryPool`] that decides on what the process really holds.
 ///
@@ -50,8 +46,8 @@ const PURGE_FRACTION: u64 = 16;
 /// Creating the pool switches memquota to [`Enforcement::Gates`]: the allocator counts
 /// every allocation but refuses none, because an infallible Rust allocation that is
 /// refused aborts the process. The pool's refusals are what keep memory under the
-/// limit. Large shrinks (a spill) purge jemalloc's freed pages, so resident memory
-/// follows.
+/// limit. It also shortens jemalloc's keeping of freed pages from 10 s to 100 ms (never
+/// lengthens it), so resident memory follows what is allocated.
 pub struct MemquotaPool {
     margin: Margin,
     consumers: Mutex<HashMap<usize, Tracked>>,
@@ -81,6 +77,7 @@ impl MemquotaPool {
     /// [0, 0.9]) for unreserved memory.
     pub fn with_margin(margin: f64) -> MemquotaPool {
         memquota::set_enforcement(Enforcement::Gates);
+        decay::shorten_dirty_decay(decay::DIRTY_DECAY_MS);
         crate::install_tracer();
         MemquotaPool {
             margin: Margin(margin.clamp(0.0, 0.9)),
@@ -92,11 +89,6 @@ impl MemquotaPool {
     /// Requests refused so far: each one made its operator spill, or failed it.
     pub fn refusals(&self) -> u64 {
         self.refusals.load(Relaxed)
-    }
-
-    /// jemalloc purges done after large shrinks, process-wide.
-    pub fn purges(&self) -> u64 {
-        purge::purges()
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<usize, Tracked>> {
@@ -185,10 +177,6 @@ impl MemoryPool for MemquotaPool {
                 r.shrink(bytes);
             }
             t.reserved = t.reserved.saturating_sub(bytes);
-        }
-        let limit = memquota::budget().limit;
-        if limit != u64::MAX && bytes >= limit / PURGE_FRACTION {
-            purge::purge();
         }
     }
 

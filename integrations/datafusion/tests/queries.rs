@@ -174,11 +174,15 @@ fn two_queries_at_once_share_the_budget(expected: &[Row]) {
     for name in ["a", "b"] {
         assert_eq!(seen.rows(&format!("row{name}")), expected, "query {name}");
         let peak = seen.num(&format!("peak-{name}"));
+        println!("  query {name} peaked at {:.1} MiB of its {} MiB share", peak as f64 / MIB as f64, share / MIB);
         assert!(peak <= share + bound, "query {name} peaked at {peak} past its share {share}\n{}", seen.text);
     }
     let peak = seen.num("native-peak");
     assert!(peak <= 128 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
+
+/// A check, given the expected rows.
+type Check = fn(&[Row]);
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -191,7 +195,7 @@ fn main() {
         return;
     }
     let expected = workload::expected(workload::ROWS);
-    let checks: [(&str, fn(&[Row])); 3] = [
+    let checks: [(&str, Check); 3] = [
         ("the_query_under_64_128_and_256_mib", the_query_under_64_128_and_256_mib),
         (
             "a_query_that_cannot_spill_enough_fails_and_the_next_runs",

@@ -122,11 +122,10 @@ fn run(rows: u64) -> Result<()> {
         mib(scope_peak)
     );
     println!(
-        "spills        {} files, {} written; the pool refused {} requests, purged {} times",
+        "spills        {} files, {} written; the pool refused {} requests",
         outcome.spills,
         mib(outcome.spilled_bytes as u64),
         pool.refusals(),
-        pool.purges()
     );
     Ok(())
 }
