@@ -174,7 +174,11 @@ fn two_queries_at_once_share_the_budget(expected: &[Row]) {
     for name in ["a", "b"] {
         assert_eq!(seen.rows(&format!("row{name}")), expected, "query {name}");
         let peak = seen.num(&format!("peak-{name}"));
-        println!("  query {name} peaked at {:.1} MiB of its {} MiB share", peak as f64 / MIB as f64, share / MIB);
+        println!(
+            "  query {name} peaked at {:.1} MiB of its {} MiB share",
+            peak as f64 / MIB as f64,
+            share / MIB
+        );
         assert!(peak <= share + bound, "query {name} peaked at {peak} past its share {share}\n{}", seen.text);
     }
     let peak = seen.num("native-peak");
