@@ -10,7 +10,7 @@
 //! ```no_run
 //! use memquota_datafusion::datafusion::execution::runtime_env::RuntimeEnvBuilder;
 //! use memquota_datafusion::datafusion::prelude::{SessionConfig, SessionContext};
-//! use memquota_datafusion::{run_query, MemquotaPool};
+//! use memquota_datafusion::{disk_manager_builder, run_query, MemquotaPool};
 //! use std::sync::Arc;
 //!
 //! #[global_allocator]
@@ -18,14 +18,18 @@
 //!
 //! # async fn f() -> memquota_datafusion::datafusion::error::Result<()> {
 //! memquota::init(memquota::Config::new().limit(128 << 20)).expect("a valid limit");
-//! let runtime = RuntimeEnvBuilder::new().with_memory_pool(Arc::new(MemquotaPool::new())).build_arc()?;
+//! let runtime = RuntimeEnvBuilder::new()
+//!     .with_memory_pool(Arc::new(MemquotaPool::new()))
+//!     .with_disk_manager_builder(disk_manager_builder()?)
+//!     .build_arc()?;
 //! let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime);
 //! let df = ctx.read_empty()?; // any DataFrame
 //! let batches = run_query("query 1", df.collect()).await?;
 //! # drop(batches); Ok(()) }
 //! ```
 //!
-//! * [`MemquotaPool`]: the pool (see its docs for the decision and the spill margin).
+//! * [`MemquotaPool`]: the pool (see its docs for the decision and its margin), and
+//!   [`disk_manager_builder`], spill files whose reads are charged to the query.
 //! * [`run_query`], [`QueryScope`]: a query as a memquota scope, attached on every poll
 //!   of its future and of each task DataFusion spawns for it ([`ScopeTracer`]), so the
 //!   work is charged to its query whichever tokio worker runs it.

@@ -13,10 +13,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
-/// The spill margin: spillers leave this fraction of the limit (and of a query's
-/// share) for what DataFusion allocates without reserving it (batches in flight, a
-/// spill's sorted copy, merge buffers being read). Chosen by measurement: at 20% the
-/// example's query peaks at 47-49 MiB tracked under 64 MiB (docs/datafusion.md).
+/// The margin every request leaves under the limit (and under a query's share) for
+/// what DataFusion allocates without reserving it (batches in flight, a spill's sorted
+/// copy, merge buffers being read). Chosen by measurement: at 20% the example's query
+/// peaks at 47-50 MiB tracked under 64 MiB (docs/datafusion.md).
 pub const DEFAULT_MARGIN: f64 = 0.2;
 
 /// A DataFusion [`MemoryPool`] that decides on what the process really holds.
@@ -68,13 +68,13 @@ struct Tracked {
 
 impl MemquotaPool {
     /// A pool on the process budget (`memquota::init`, or the `MEMQUOTA_*` variables),
-    /// with the measured spill margin.
+    /// with the measured margin, [`DEFAULT_MARGIN`].
     pub fn new() -> MemquotaPool {
         MemquotaPool::with_margin(DEFAULT_MARGIN)
     }
 
-    /// A pool whose spillers leave `margin` (a fraction of the limit, clamped to
-    /// [0, 0.9]) for unreserved memory.
+    /// A pool whose requests leave `margin` (a fraction of the limit and of a query's
+    /// share, clamped to [0, 0.9]) for the memory DataFusion does not reserve.
     pub fn with_margin(margin: f64) -> MemquotaPool {
         memquota::set_enforcement(Enforcement::Gates);
         decay::shorten_dirty_decay(decay::DIRTY_DECAY_MS);
@@ -144,7 +144,7 @@ impl fmt::Debug for MemquotaPool {
 
 impl fmt::Display for MemquotaPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "memquota(spill margin {}% of the limit)", self.margin.0 * 100.0)
+        write!(f, "memquota(margin {}% of the limit)", self.margin.0 * 100.0)
     }
 }
 
