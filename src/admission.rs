@@ -9,6 +9,7 @@ use crate::config::OnOom;
 use crate::gc::{SyncOutcome, Throttle};
 use crate::heap_probe;
 use crate::ledger::{self, Face, Local, ACCOUNT};
+use crate::purge;
 use crate::quota::{Pressure, Quota};
 use crate::reclaim;
 use crate::report::{self, Refusal};
@@ -24,14 +25,17 @@ pub(crate) fn fits(bytes: i64) -> bool {
     let heap = heap_probe::outside();
     let taken = ACCOUNT.try_add(bytes, quota.native_ceiling(heap));
     if let Ok(native) = taken {
-        reclaim_if_past_soft(quota, native, heap);
+        ask_for_room(quota, native, heap);
     }
     taken.is_ok()
 }
 
-/// Past the soft threshold (or the limit), asks for a background reclaim of the
-/// excess over the soft threshold: the one place a grant decides that.
-fn reclaim_if_past_soft(quota: Quota, native: i64, heap: i64) {
+/// After a grant: past the soft threshold (or the limit), asks for a background
+/// reclaim of the excess over the soft threshold; and for a purge when jemalloc's
+/// unused resident pages would take the process past it (`purge.rs`). The one place
+/// a grant decides either.
+fn ask_for_room(quota: Quota, native: i64, heap: i64) {
+    purge::after_grant(quota, native, heap);
     if quota.pressure(native, heap) != Pressure::Low {
         reclaim::request_background(Quota::excess(native, heap, quota.soft));
     }
@@ -64,7 +68,7 @@ pub(crate) fn count_only(bytes: i64) {
     if quota.pressure(native, heap) == Pressure::Hard {
         ledger::note_overcommit();
     }
-    reclaim_if_past_soft(quota, native, heap);
+    ask_for_room(quota, native, heap);
 }
 
 /// The policy, whatever the enforcement (a scope's explicit reservation and a JVM
@@ -89,7 +93,7 @@ pub(crate) fn try_admit(l: &Local, face: &Face, bytes: i64) -> Result<(), Option
         let heap = heap_probe::outside();
         let native = match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
             Ok(native) => {
-                reclaim_if_past_soft(quota, native, heap);
+                ask_for_room(quota, native, heap);
                 return Ok(());
             }
             Err(native) => native,
@@ -100,7 +104,7 @@ pub(crate) fn try_admit(l: &Local, face: &Face, bytes: i64) -> Result<(), Option
         // an over-commit by the slow path, which sees the account past the limit.
         if (bytes as u64) < settings::refuse_min() {
             if let Ok(native) = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap)) {
-                reclaim_if_past_soft(quota, native, heap);
+                ask_for_room(quota, native, heap);
                 return Ok(());
             }
         }

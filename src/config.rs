@@ -28,6 +28,8 @@ pub mod vars {
     pub const REPORT_WINDOW: &str = "MEMQUOTA_REPORT_WINDOW";
     /// Whether memory memquota does not allocate counts against the limit.
     pub const UNTRACKED: &str = "MEMQUOTA_UNTRACKED";
+    /// How long jemalloc's dirty pages may stay resident far from the limit.
+    pub const PURGE_INTERVAL: &str = "MEMQUOTA_PURGE_INTERVAL";
     /// The preload's stats file.
     pub const STATS_FILE: &str = "MEMQUOTA_STATS_FILE";
     /// How often the preload writes the stats file.
@@ -41,7 +43,7 @@ pub mod vars {
 use vars::*;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 10] = [
+pub const ENV_VARS: [(&str, &str); 11] = [
     (LIMIT, LIMIT_FORMS),
     (SOFT_RATIO, SOFT_FORMS),
     (ON_OOM, ON_OOM_FORMS),
@@ -52,6 +54,7 @@ pub const ENV_VARS: [(&str, &str); 10] = [
     (METRICS_ADDR, METRICS_FORMS),
     (REPORT_WINDOW, DURATION_FORMS),
     (UNTRACKED, UNTRACKED_FORMS),
+    (PURGE_INTERVAL, PURGE_INTERVAL_FORMS),
 ];
 
 /// The shortest stats interval (`MEMQUOTA_STATS_INTERVAL`, `memquota run
@@ -67,6 +70,13 @@ const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m
 const METRICS_FORMS: &str = "an address to serve /metrics on, like 127.0.0.1:9464";
 const UNTRACKED_FORMS: &str = "count or report";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
+const PURGE_INTERVAL_FORMS: &str =
+    "a duration of at least 100ms (10s, 500ms, or a bare number of milliseconds), or off";
+
+/// The shortest purge interval: the purge service wakes every 50 ms at most, and a
+/// purge every few milliseconds would bring back the page faults purging costs
+/// (docs/design.md, "Purging").
+pub(crate) const MIN_PURGE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Where the budget's size comes from.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -129,6 +139,7 @@ pub struct Config {
     metrics_addr: Option<String>,
     report_window: Duration,
     untracked: Untracked,
+    purge_interval: Option<Duration>,
 }
 
 impl Default for Config {
@@ -141,7 +152,7 @@ impl Config {
     /// Defaults: the machine's limit, soft threshold at 0.85, `null` on OOM, committed
     /// heap counted, waits for a reclaim in flight bounded at 5 s, at most one reclaim
     /// per 10 ms, every request refusable (`refuse_min` 0), one full OOM report per
-    /// 1 s window.
+    /// 1 s window, dirty pages purged after at most 10 s far from the limit.
     pub const fn new() -> Config {
         Config {
             limit: None,
@@ -154,6 +165,7 @@ impl Config {
             metrics_addr: None,
             report_window: Duration::from_secs(1),
             untracked: Untracked::Report,
+            purge_interval: Some(Duration::from_secs(10)),
         }
     }
 
@@ -221,6 +233,9 @@ impl Config {
             _ => None,
         })? {
             c.untracked = u;
+        }
+        if let Some(i) = read(&get, PURGE_INTERVAL, PURGE_INTERVAL_FORMS, parse_purge_interval)? {
+            c.purge_interval = i;
         }
         c.metrics_addr = read(&get, METRICS_ADDR, METRICS_FORMS, |s| {
             s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
@@ -351,6 +366,22 @@ impl Config {
         self.untracked
     }
 
+    /// How long jemalloc's dirty pages (freed memory it keeps resident for reuse) may
+    /// stay resident while the process is far from its limit: the purge service
+    /// returns them once they have been there this long (`None`: only when the budget
+    /// needs it: near the limit, after a reclaim, under pressure). At least 100 ms
+    /// ([`resolve_limit`](Config::resolve_limit) says so). A user's own jemalloc decay
+    /// options replace it (docs/design.md, "Purging").
+    pub fn purge_interval(mut self, interval: Option<Duration>) -> Config {
+        self.purge_interval = interval;
+        self
+    }
+
+    /// The purge interval (`None`: off).
+    pub fn purge_interval_setting(&self) -> Option<Duration> {
+        self.purge_interval
+    }
+
     /// The OOM report window.
     pub fn report_window_setting(&self) -> Duration {
         self.report_window
@@ -359,13 +390,19 @@ impl Config {
     /// Checks ranges and resolves the limit to bytes.
     ///
     /// # Errors
-    /// [`Error::BadConfig`] for a zero limit, a percentage outside (0, 100], or a soft
-    /// ratio outside (0, 1].
+    /// [`Error::BadConfig`] for a zero limit, a percentage outside (0, 100], a soft
+    /// ratio outside (0, 1], or a purge interval under 100 ms.
     pub fn resolve_limit(&self) -> Result<u64> {
         if !(self.soft_ratio > 0.0 && self.soft_ratio <= 1.0) {
             return Err(Error::BadConfig {
                 setting: "soft_ratio",
                 reason: format!("{} is not in (0, 1]", self.soft_ratio),
+            });
+        }
+        if let Some(i) = self.purge_interval.filter(|i| *i < MIN_PURGE_INTERVAL) {
+            return Err(Error::BadConfig {
+                setting: "purge_interval",
+                reason: format!("{i:?} is under {MIN_PURGE_INTERVAL:?} (None turns it off)"),
             });
         }
         match self.limit {
@@ -418,6 +455,14 @@ fn parse_ratio(s: &str) -> Option<f64> {
     (r > 0.0 && r <= 1.0).then_some(r)
 }
 
+/// Parses `off`, or a duration of at least `MIN_PURGE_INTERVAL`.
+fn parse_purge_interval(s: &str) -> Option<Option<Duration>> {
+    if s == "off" {
+        return Some(None);
+    }
+    parse_duration(s).filter(|d| *d >= MIN_PURGE_INTERVAL).map(Some)
+}
+
 /// Parses `250ms`, `2s`, or a bare number of milliseconds.
 pub fn parse_duration(s: &str) -> Option<Duration> {
     let s = s.trim();
@@ -468,6 +513,7 @@ mod tests {
             ("MEMQUOTA_RECLAIM_WAIT", "250ms"),
             ("MEMQUOTA_RECLAIM_INTERVAL", "2s"),
             ("MEMQUOTA_REFUSE_MIN", "64k"),
+            ("MEMQUOTA_PURGE_INTERVAL", "2s"),
         ]))
         .unwrap();
         assert_eq!(c.limit_setting(), Some(Limit::Bytes(512 << 20)));
@@ -477,7 +523,11 @@ mod tests {
         assert_eq!(c.reclaim_wait_setting(), Duration::from_millis(250));
         assert_eq!(c.reclaim_interval_setting(), Duration::from_secs(2));
         assert_eq!(c.refuse_min_setting(), 64 << 10);
+        assert_eq!(c.purge_interval_setting(), Some(Duration::from_secs(2)));
+        let off = Config::from_lookup(env(&[("MEMQUOTA_PURGE_INTERVAL", "off")])).unwrap();
+        assert_eq!(off.purge_interval_setting(), None);
         assert_eq!(Config::from_lookup(env(&[])).unwrap(), Config::new());
+        assert_eq!(Config::new().purge_interval_setting(), Some(Duration::from_secs(10)));
     }
 
     #[test]
@@ -488,6 +538,9 @@ mod tests {
             ("MEMQUOTA_ON_OOM", "panic"),
             ("MEMQUOTA_HEAP", "max"),
             ("MEMQUOTA_RECLAIM_WAIT", "soon"),
+            ("MEMQUOTA_PURGE_INTERVAL", "0"),
+            ("MEMQUOTA_PURGE_INTERVAL", "50ms"),
+            ("MEMQUOTA_PURGE_INTERVAL", "never"),
         ] {
             let lookup = move |k: &'static str| (k == var).then(|| value.to_string());
             let err = Config::from_lookup(lookup).unwrap_err();
@@ -504,6 +557,9 @@ mod tests {
         assert!(Config::new().limit(0).resolve_limit().is_err());
         assert!(Config::new().soft_ratio(0.0).resolve_limit().is_err());
         assert!(Config::new().limit_percent(150.0).resolve_limit().is_err());
+        let fast = Config::new().limit(1 << 30).purge_interval(Some(Duration::from_millis(10)));
+        assert!(fast.resolve_limit().is_err());
+        assert!(Config::new().limit(1 << 30).purge_interval(None).resolve_limit().is_ok());
         let half = Config::new().limit_percent(50.0).resolve_limit().unwrap();
         assert_eq!(half, host::memory_limit() / 2);
     }

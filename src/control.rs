@@ -19,7 +19,11 @@ pub fn init(config: Config) -> Result<()> {
     let limit = config.resolve_limit()?;
     crate::settings::configure(&config, limit);
     crate::fork::install();
-    crate::untracked::ensure_sampling();
+    // Here rather than only on the service thread, so that a caller of `init` (the
+    // preload's constructor) finds jemalloc's decay settled when it returns.
+    if crate::untracked::ensure_sampling() {
+        crate::purge::take_over_decay();
+    }
     crate::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {

@@ -60,10 +60,7 @@ pub fn serve_metrics(addr: &str) -> Result<SocketAddr> {
 }
 
 fn spawn(name: &str, body: impl FnOnce() + Send + 'static) {
-    let _ = std::thread::Builder::new().name(name.to_owned()).spawn(move || {
-        crate::ledger::exempt_this_thread();
-        body()
-    });
+    let _ = crate::ledger::spawn_service(name, body);
 }
 
 fn worker(rx: &Mutex<Receiver<TcpStream>>) {

@@ -28,6 +28,12 @@ pub mod metric {
     #[allow(missing_docs)]
     pub const JEMALLOC_RETAINED_BYTES: &str = "memquota_jemalloc_retained_bytes";
     #[allow(missing_docs)]
+    pub const JEMALLOC_DIRTY_BYTES: &str = "memquota_jemalloc_dirty_bytes";
+    #[allow(missing_docs)]
+    pub const JEMALLOC_UNUSED_BYTES: &str = "memquota_jemalloc_unused_bytes";
+    #[allow(missing_docs)]
+    pub const JEMALLOC_PURGED_BYTES_TOTAL: &str = "memquota_jemalloc_purged_bytes_total";
+    #[allow(missing_docs)]
     pub const LIMIT_BYTES: &str = "memquota_limit_bytes";
     #[allow(missing_docs)]
     pub const NATIVE_BYTES: &str = "memquota_native_bytes";
@@ -43,6 +49,10 @@ pub mod metric {
     pub const OVERCOMMIT_TOTAL: &str = "memquota_overcommit_total";
     #[allow(missing_docs)]
     pub const PROCESS_RSS_BYTES: &str = "memquota_process_rss_bytes";
+    #[allow(missing_docs)]
+    pub const PURGED_BYTES_TOTAL: &str = "memquota_purged_bytes_total";
+    #[allow(missing_docs)]
+    pub const PURGES_TOTAL: &str = "memquota_purges_total";
     #[allow(missing_docs)]
     pub const RECLAIM_PANICS_TOTAL: &str = "memquota_reclaim_panics_total";
     #[allow(missing_docs)]
@@ -121,7 +131,7 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 38] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 46] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     [
         (
@@ -196,6 +206,37 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 38] {
         (gauge(JEMALLOC_ACTIVE_BYTES, "jemalloc stats.active."), "", s.jemalloc.active),
         (gauge(JEMALLOC_RESIDENT_BYTES, "jemalloc stats.resident."), "", s.jemalloc.resident),
         (gauge(JEMALLOC_RETAINED_BYTES, "jemalloc stats.retained."), "", s.jemalloc.retained),
+        (
+            gauge(JEMALLOC_DIRTY_BYTES, "Bytes in jemalloc's dirty pages: freed, still resident, purgeable."),
+            "",
+            s.jemalloc.dirty,
+        ),
+        (
+            gauge(
+                JEMALLOC_UNUSED_BYTES,
+                "jemalloc resident minus allocated: dirty pages, metadata, free parts of pages. Purged near the limit.",
+            ),
+            "",
+            s.jemalloc.unused(),
+        ),
+        (
+            counter(JEMALLOC_PURGED_BYTES_TOTAL, "Bytes jemalloc purged, whoever asked (memquota, its decay, malloc_trim)."),
+            "",
+            s.jemalloc.purged,
+        ),
+        (
+            counter(PURGES_TOTAL, "Purges of jemalloc's dirty pages by memquota's purge service, by why."),
+            "{kind=\"budget\"}",
+            s.purges_budget,
+        ),
+        (counter(PURGES_TOTAL, ""), "{kind=\"reclaim\"}", s.purges_reclaim),
+        (counter(PURGES_TOTAL, ""), "{kind=\"pressure\"}", s.purges_pressure),
+        (counter(PURGES_TOTAL, ""), "{kind=\"idle\"}", s.purges_idle),
+        (
+            counter(PURGED_BYTES_TOTAL, "Bytes memquota's purges returned to the system."),
+            "",
+            s.purged_bytes,
+        ),
         (gauge(PROCESS_RSS_BYTES, "Resident set size of the process."), "", s.process_rss),
         (gauge(PROCESS_RSS_PEAK_BYTES, "The highest resident set size of the process."), "", s.process_rss_peak),
         (
@@ -427,6 +468,9 @@ mod tests {
         write_json(&mut json, &s).unwrap();
         assert!(json.starts_with("{\"limit_bytes\":100,") && json.ends_with('}'), "{json}");
         assert!(json.contains("\"reclaims_total_sync\":2") && json.contains("\"heap_committed_bytes\":10"));
+        assert_eq!(prom.matches("# TYPE memquota_purges_total counter").count(), 1);
+        assert!(prom.contains("memquota_purges_total{kind=\"idle\"} 0\n"));
+        assert!(json.contains("\"purges_total_budget\":0") && json.contains("\"jemalloc_unused_bytes\":0"));
     }
 
     #[test]

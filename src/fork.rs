@@ -57,6 +57,7 @@ extern "C" fn child() {
         crate::report::after_fork(true);
         reclaim::after_fork(true);
         crate::untracked::after_fork_child();
+        crate::purge::after_fork_child();
         ledger::after_fork_child(ledger::this_thread());
         #[cfg(feature = "jvm")]
         crate::jvm::after_fork(true);

@@ -182,3 +182,13 @@ pub fn object_of(addr: usize) -> Option<(usize, Option<String>)> {
         .filter(|f| !f.is_empty());
     Some((info.dli_fbase as usize, file))
 }
+
+/// Names the calling thread for the kernel (`/proc/self/task/*/comm`): `name` is
+/// NUL-terminated within its 16 bytes. Allocates nothing.
+pub fn name_this_thread(name: &[u8; 16]) {
+    if name.contains(&0) {
+        // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from
+        // its second argument, which points at `name`, NUL-terminated as checked.
+        unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr() as libc::c_ulong, 0, 0, 0) };
+    }
+}

@@ -84,9 +84,7 @@ pub fn install(env: &mut JNIEnv) -> crate::Result<()> {
     warn_if_cannot_shrink(env);
     let heap = read_heap(env).map_err(jvm_error)?;
     set_heap_bytes(heap);
-    std::thread::Builder::new()
-        .name("memquota-jvm".into())
-        .spawn(move || drive(vm))
+    crate::ledger::spawn_service("memquota-jvm", move || drive(vm))
         .map_err(|e| crate::Error::Jvm(format!("cannot start the driver thread: {e}")))?;
     let _ = INSTALLED.set(());
     crate::settings::set_background_interval(BACKGROUND_GAP);
@@ -157,7 +155,6 @@ fn request_gc(need: usize) {
 
 /// The driver thread's body.
 fn drive(vm: JavaVM) {
-    crate::ledger::exempt_this_thread();
     let mut env = match vm.attach_current_thread_as_daemon() {
         Ok(env) => env,
         Err(e) => {

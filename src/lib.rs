@@ -32,12 +32,20 @@ mod account;
 mod ledger;
 #[cfg(not(loom))]
 mod tables;
+// Under loom, of the tables only the pure retry machine (its loom model).
+#[cfg(loom)]
+mod tables {
+    #[path = "machine.rs"]
+    pub(crate) mod machine;
+}
 // policy
 #[cfg(not(loom))]
 mod admission;
 mod gc;
 #[cfg(not(loom))]
 mod heap_probe;
+#[cfg(not(loom))]
+mod purge;
 #[cfg(not(loom))]
 mod reclaim;
 #[cfg(not(loom))]
@@ -86,7 +94,9 @@ pub mod face {
     pub use crate::endpoint::DEFAULT_METRICS_ADDR;
     pub use crate::export::metric;
     pub use crate::host::{cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
-    pub use crate::ledger::{enter, exempt, thread_exit, try_charge, try_credit, Busy, Face, Local};
+    pub use crate::ledger::{
+        enter, exempt, spawn_service, thread_exit, try_charge, try_credit, Busy, Face, Local,
+    };
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_untracked_note};
     pub use crate::scope::{

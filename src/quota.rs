@@ -74,6 +74,13 @@ impl Quota {
         u64::try_from(over).unwrap_or(0)
     }
 
+    /// The least dirty memory worth a purge near the limit: a 256th of the limit,
+    /// between 1 MiB and 64 MiB. Less returns too little to matter, and every purged
+    /// page costs a fault when it is used again.
+    pub(crate) fn dirty_floor(&self) -> u64 {
+        (self.limit.max(0) as u64 / 256).clamp(1 << 20, 64 << 20)
+    }
+
     /// Room left under the hard limit (0 when over).
     pub(crate) fn headroom(&self, native: i64, heap: i64) -> u64 {
         let left = self.limit.saturating_sub(native.max(0).saturating_add(heap));

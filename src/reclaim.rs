@@ -4,6 +4,7 @@
 use crate::gc::{Coordinator, Counts, ReclaimRecord, Run, SyncOutcome, Throttle, Timing, HISTORY};
 use crate::heap_probe;
 use crate::ledger::{self, Face, Local, ACCOUNT};
+use crate::purge;
 use crate::settings;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
@@ -84,7 +85,8 @@ fn used_now(l: &Local, face: &Face) -> i64 {
 }
 
 /// Runs the callback on this thread, with the busy mark held by the caller, and
-/// measures what it freed.
+/// measures what it freed. Then asks for a purge, so that what it freed leaves the
+/// process's resident memory too.
 fn run(l: &Local, face: &Face, need: u64) -> Run {
     let Some(callback) = reclaimer() else {
         return Run { freed: 0, panicked: false };
@@ -93,6 +95,7 @@ fn run(l: &Local, face: &Face, need: u64) -> Run {
     let need = usize::try_from(need).unwrap_or(usize::MAX);
     let panicked = catch_unwind(AssertUnwindSafe(|| callback(need))).is_err();
     let after = used_now(l, face);
+    purge::request(purge::Kind::Reclaim);
     Run { freed: u64::try_from(before.saturating_sub(after)).unwrap_or(0), panicked }
 }
 
@@ -103,12 +106,11 @@ pub(crate) fn request_background(need: u64) {
         return;
     }
     if !WORKER_STARTED.swap(true, AcqRel) {
-        let spawned = std::thread::Builder::new().name("memquota-reclaim".into()).spawn(|| {
+        // This thread exists to reclaim: its own allocations are charged but never
+        // wait for a reclaim.
+        let spawned = ledger::spawn_service("memquota-reclaim", || {
             let face = ledger::face();
             let Some(l) = (face.local)() else { return };
-            // This thread exists to reclaim: its own allocations are charged but
-            // never wait for a reclaim.
-            ledger::exempt(l);
             loop {
                 COORDINATOR.serve_background(|need| run(l, face, need));
             }

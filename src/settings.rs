@@ -29,6 +29,8 @@ struct Settings {
     count_untracked: AtomicBool,
     /// `Enforcement::Allocations` when true.
     police_allocations: AtomicBool,
+    /// The purge interval in milliseconds (0: off).
+    purge_interval_ms: AtomicU64,
 }
 
 static SETTINGS: Settings = Settings {
@@ -45,6 +47,7 @@ static SETTINGS: Settings = Settings {
     report_window_ms: AtomicU64::new(1000),
     count_untracked: AtomicBool::new(false),
     police_allocations: AtomicBool::new(true),
+    purge_interval_ms: AtomicU64::new(10_000),
 };
 
 fn ms(d: Duration) -> u64 {
@@ -75,11 +78,20 @@ fn apply(config: &Config, limit: u64) {
     SETTINGS.refuse_min.store(config.refuse_min_setting(), Relaxed);
     SETTINGS.report_window_ms.store(ms(config.report_window_setting()), Relaxed);
     SETTINGS.count_untracked.store(config.untracked_setting() == Untracked::Count, Relaxed);
+    SETTINGS.purge_interval_ms.store(config.purge_interval_setting().map_or(0, |i| ms(i).max(1)), Relaxed);
 }
 
 /// Whether untracked memory counts against the limit.
 pub(crate) fn count_untracked() -> bool {
     SETTINGS.count_untracked.load(Relaxed)
+}
+
+/// How long dirty pages may stay resident far from the limit (`None`: off).
+pub(crate) fn purge_interval() -> Option<Duration> {
+    match SETTINGS.purge_interval_ms.load(Relaxed) {
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
+    }
 }
 
 /// Reads `MEMQUOTA_*` the first time any slow path runs. A bad value must never leave

@@ -6,6 +6,7 @@
 use crate::admission::{self, admit, admit_as, count_only, past_ceiling};
 use crate::config::OnOom;
 use crate::ledger::{self, Face, Local, ACCOUNT};
+use crate::purge;
 use crate::settings::{self, ensure_configured, policing_allocations};
 use crate::tables;
 
@@ -26,6 +27,7 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
     if face.configure_from_env {
         ensure_configured();
     }
+    purge::settle_after_fork();
     let flushed = ledger::settle(l, face);
     ACCOUNT.add(flushed);
     let granted = decide(l, face, bytes);

@@ -22,6 +22,7 @@ pub fn stats() -> Stats {
     let limit = if quota.limit == i64::MAX { u64::MAX } else { unsigned(quota.limit) };
     let soft_limit = if quota.soft == i64::MAX { u64::MAX } else { unsigned(quota.soft) };
     let outside = heap_probe::outside();
+    let purges = crate::purge::counts();
     Stats {
         limit,
         soft_limit,
@@ -39,6 +40,12 @@ pub fn stats() -> Stats {
         heap_probe_panics: heap_probe::panics(),
         reclaims_throttled: counts.throttled.load(Relaxed),
         reclaimed_bytes: counts.freed.load(Relaxed),
+        purges_budget: purges.budget,
+        purges_reclaim: purges.reclaim,
+        purges_pressure: purges.pressure,
+        purges_idle: purges.idle,
+        purged_bytes: purges.bytes,
+        purging_by_memquota: crate::purge::by_memquota(),
         ooms: report::refusals(),
         reports: report::full_reports(),
         error_bound: ledger::error_bound(),

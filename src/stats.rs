@@ -58,6 +58,13 @@ pub struct JemallocStats {
     pub retained: u64,
     /// Bytes in active extents mapped by the allocator (`stats.mapped`).
     pub mapped: u64,
+    /// Bytes in dirty pages: freed blocks' pages jemalloc keeps resident for reuse,
+    /// what a purge returns (`stats.arenas.<all>.pdirty` pages).
+    pub dirty: u64,
+    /// Bytes jemalloc has purged since it started, whoever asked: memquota's purge
+    /// service, jemalloc's own decay on an allocating thread, `malloc_trim`
+    /// (`stats.arenas.<all>.dirty_purged` plus `muzzy_purged` pages).
+    pub purged: u64,
 }
 
 impl JemallocStats {
@@ -75,8 +82,51 @@ impl JemallocStats {
             resident: get(stats::resident::read()),
             retained: get(stats::retained::read()),
             mapped: get(stats::mapped::read()),
+            dirty: ctl::<usize>(c"stats.arenas.4096.pdirty").unwrap_or(0) as u64,
+            purged: ctl::<u64>(c"stats.arenas.4096.dirty_purged")
+                .unwrap_or(0)
+                .saturating_add(ctl::<u64>(c"stats.arenas.4096.muzzy_purged").unwrap_or(0)),
         }
+        .in_bytes(page_size())
     }
+
+    /// Resident bytes that hold no live allocation: dirty pages, jemalloc's metadata,
+    /// the free part of partly used pages (`resident - allocated`).
+    pub fn unused(&self) -> u64 {
+        self.resident.saturating_sub(self.allocated)
+    }
+
+    /// `dirty` and `purged` are read in pages.
+    fn in_bytes(mut self, page: u64) -> JemallocStats {
+        self.dirty = self.dirty.saturating_mul(page);
+        self.purged = self.purged.saturating_mul(page);
+        self
+    }
+}
+
+/// jemalloc's page size (`arenas.page`); 4 KiB if it cannot say.
+fn page_size() -> u64 {
+    ctl::<usize>(c"arenas.page").map_or(4096, |p| p as u64)
+}
+
+/// An integer type every bit pattern of which is a value: what a jemalloc control is
+/// read into.
+pub(crate) trait CtlInteger: Copy {}
+impl CtlInteger for usize {}
+impl CtlInteger for isize {}
+impl CtlInteger for u64 {}
+impl CtlInteger for u32 {}
+impl CtlInteger for u8 {}
+
+/// Reads the jemalloc control `name` (statistics as of the last epoch; `4096` in a
+/// name is `MALLCTL_ARENAS_ALL`, all arenas merged). `T` is the control's C type:
+/// `usize` for `size_t`, `isize` for `ssize_t`, `u64` for `uint64_t`, `u32` for
+/// `unsigned`, `u8` for `bool`. `None` if jemalloc has no such control or its size
+/// differs from `T`'s.
+pub(crate) fn ctl<T: CtlInteger>(name: &std::ffi::CStr) -> Option<T> {
+    // SAFETY: a NUL-terminated name; jemalloc writes the value only if its size is
+    // `T`'s (else EINVAL, an `Err` here), and any bit pattern is a valid `T`.
+    unsafe { tikv_jemalloc_ctl::raw::read::<T>(name.to_bytes_with_nul()) }.ok()
 }
 
 /// The retry machine (`with_retry`): threads in retry blocks by state now, and what
@@ -174,6 +224,23 @@ pub struct Stats {
     pub reclaims_throttled: u64,
     /// Bytes the reclaims were measured to free, in total.
     pub reclaimed_bytes: u64,
+    /// Purges of jemalloc's dirty pages run by memquota's purge service because
+    /// native, heap and jemalloc's unused resident bytes passed the soft threshold.
+    pub purges_budget: u64,
+    /// Purges run after a reclaim, so that what it freed leaves the process.
+    pub purges_reclaim: u64,
+    /// Purges asked for by container memory pressure.
+    pub purges_pressure: u64,
+    /// Purges of dirty pages left resident for a whole purge interval.
+    pub purges_idle: u64,
+    /// Bytes memquota's purges returned to the system (jemalloc's own count of the
+    /// pages they purged). `jemalloc.purged` minus this is what was purged elsewhere:
+    /// on allocating threads by jemalloc's decay, or by `malloc_trim`.
+    pub purged_bytes: u64,
+    /// Whether memquota runs jemalloc's purging (no time-based purging on allocating
+    /// threads; the purge service purges), rather than the user's own jemalloc decay
+    /// or background-thread options (docs/design.md, "Purging").
+    pub purging_by_memquota: bool,
     /// Allocations refused.
     pub ooms: u64,
     /// Full OOM reports written (the rest of the refusals were counted and summed up

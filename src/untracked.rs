@@ -5,11 +5,13 @@
 //! *untracked*. Under `Untracked::Count` (the default) it counts against the limit
 //! with native and heap, and a sample past the soft threshold asks for a background
 //! reclaim: what memquota does see (tracked caches, a JVM's heap) makes room for what
-//! it does not.
+//! it does not. The same thread is the purge service (`purge.rs`): it reads
+//! jemalloc's statistics once per pass for both, and a purge request wakes it early.
 
 use crate::heap_probe;
 use crate::host;
 use crate::ledger::{self, ACCOUNT};
+use crate::purge;
 use crate::quota::Quota;
 use crate::reclaim;
 use crate::settings;
@@ -23,24 +25,27 @@ pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
 
 static STARTED: AtomicBool = AtomicBool::new(false);
 
-/// Starts the sampler thread, once per process (again in a fork child).
-pub(crate) fn ensure_sampling() {
+/// Starts the sampler thread, once per process (not in a fork child). Returns
+/// whether it runs (or was started before).
+pub(crate) fn ensure_sampling() -> bool {
     // A load first, as fork::install: this runs on every thread's first allocation.
     if STARTED.load(Relaxed) || STARTED.swap(true, AcqRel) {
-        return;
+        return true;
     }
-    let spawned = std::thread::Builder::new().name("memquota-sampler".into()).spawn(|| {
-        // Its own few allocations are charged, never refused, never made to wait.
-        ledger::exempt_this_thread();
+    // Its own few allocations are charged, never refused, never made to wait.
+    let spawned = ledger::spawn_service("memquota-sampler", || {
+        let mut purger = purge::Service::start();
         loop {
-            sample();
-            // A period, not a synchronisation.
-            std::thread::sleep(INTERVAL);
+            let jemalloc = JemallocStats::read();
+            sample(&jemalloc);
+            purger.serve(&jemalloc);
+            purger.wait(INTERVAL);
         }
     });
     if spawned.is_err() {
         STARTED.store(false, Release);
     }
+    spawned.is_ok()
 }
 
 /// In a fork child: the sampler thread did not survive the fork, and the parent's
@@ -54,13 +59,13 @@ pub(crate) fn after_fork_child() {
 
 /// One sample: anonymous RSS, minus what jemalloc holds (at least the tracked total,
 /// for a backing allocator without jemalloc's statistics), minus the heap committed.
-fn sample() {
+fn sample(je: &JemallocStats) {
     let anon = host::anon_rss();
     if anon == 0 {
         return; // no /proc: nothing to say
     }
     let native = u64::try_from(ACCOUNT.native()).unwrap_or(0);
-    let jemalloc = JemallocStats::read().resident.max(native);
+    let jemalloc = je.resident.max(native);
     let heap = heap_probe::read().committed;
     let untracked = anon.saturating_sub(jemalloc).saturating_sub(heap);
     heap_probe::set_untracked(untracked);

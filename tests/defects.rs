@@ -50,6 +50,7 @@ fn main() {
                 "reclaim_callback_allocations_are_never_policed",
                 reclaim_callback_allocations_are_never_policed,
             ),
+            ("service_thread_started_at_the_limit_lives", service_thread_started_at_the_limit_lives),
         ],
         BUDGET,
     );
@@ -542,4 +543,59 @@ fn reclaim_callback_allocations_are_never_policed() {
     assert!(!REENTERED.load(SeqCst), "a reclaim ran inside a reclaim");
     assert!(CB_LONGEST_MS.load(SeqCst) < NO_WAIT.as_millis() as u64, "a callback's allocation waited");
     assert_eq!(ooms, 0, "the reclaim made room: nothing is refused");
+}
+
+// ---- memquota's own threads start at the limit ---------------------------------------
+
+static WORKER_RUNS: AtomicU64 = AtomicU64::new(0);
+static WORKER_NAME: Mutex<String> = Mutex::new(String::new());
+
+/// The `memquota-reclaim` worker starts on the first background reclaim, that is when
+/// the budget is tight. Here the grant that asks for it is the one that fills the
+/// budget to the byte (the callback is registered just before it), so the worker
+/// starts with no room at all. std's start-up code copied a thread's name on the new
+/// thread, an infallible allocation made before the worker could exempt itself:
+/// refused there, it aborted the process (the sampler thread did the same, 1 run in
+/// 60, in `last_report_returns_while_refusals_happen`).
+fn service_thread_started_at_the_limit_lives() {
+    memquota::init(Config::new().limit(16 * MIB)).unwrap(); // threshold 4 KiB
+    memquota::set_report_hook(support::counting_hook);
+    support::watchdog(|l| {
+        let _ = writeln!(l, "  the reclaim callback ran {} times", WORKER_RUNS.load(SeqCst));
+    });
+    let mut held: Vec<Vec<u8>> = Vec::with_capacity(40_000);
+    println!("  filling the budget");
+    for size in [MIB, 64 * KIB, 4 * KIB, KIB] {
+        while let Some(v) = try_alloc(size) {
+            held.push(v);
+        }
+    }
+    assert!(memquota::stats().ooms > 0, "the fill ends with a refusal");
+    drop(held.swap_remove(0)); // a MiB of room
+    memquota::flush_thread();
+    memquota::on_reclaim(|_| {
+        let name = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
+        if let Ok(mut w) = WORKER_NAME.lock() {
+            *w = name.trim_end().to_owned();
+        }
+        WORKER_RUNS.fetch_add(1, SeqCst);
+    });
+    memquota::flush_thread();
+    let s = memquota::stats();
+    let (ooms, sync) = (s.ooms, s.reclaims_sync);
+    let room = s.limit - s.native;
+    assert!(room > 16 * KIB, "room past the thread's slack: {room} bytes");
+    held.push(try_alloc(room).expect("exactly the room left"));
+    let s = memquota::stats();
+    assert!(s.native >= s.limit, "the budget is full: {} of {}", s.native, s.limit);
+    // Served as a background reclaim: before the fix the worker's first allocation was
+    // refused, ran the callback as a synchronous reclaim of its own, then aborted.
+    while memquota::stats().reclaims_background == 0 {
+        std::thread::park_timeout(Duration::from_millis(1)); // a poll, bounded by the watchdog
+    }
+    let after = memquota::stats();
+    assert_eq!((after.ooms, after.reclaims_sync), (ooms, sync), "no refusal, no synchronous reclaim");
+    let name = WORKER_NAME.lock().unwrap().clone();
+    println!("  {name:?} ran a reclaim with {} of {} taken", Size(s.native), Size(s.limit));
+    assert_eq!(name, "memquota-reclai", "the kernel keeps 15 bytes of the name");
 }

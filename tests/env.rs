@@ -61,6 +61,7 @@ fn bad_values_exit_2() {
         ("MEMQUOTA_ON_OOM", "explode"),
         ("MEMQUOTA_HEAP", "max"),
         ("MEMQUOTA_RECLAIM_WAIT", "forever"),
+        ("MEMQUOTA_PURGE_INTERVAL", "10ms"),
     ] {
         let out = spawn("stats", &[(var, value)]);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -42,6 +42,8 @@ struct Model {
     used: i64,
     reserved: i64,
     cap: i64,
+    /// It has held memory or had a thread attached.
+    started: bool,
 }
 
 impl Model {
@@ -77,13 +79,18 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         let room = |scopes: &Vec<(TaskScope, Model, Vec<Reservation>)>, i: usize| {
             let sum: i64 = scopes.iter().map(|s| s.1.held()).sum();
             let m = &scopes[i].1;
-            let own = (POOL / scopes.len() as i64).min(m.cap) - m.held().max(0);
+            // Sharing the pool: every scope but those idle after they started work
+            // (holding nothing; no thread stays attached here between steps), and the
+            // one asking.
+            let idle = |m: &Model| m.started && m.held() <= 0;
+            let sharing = scopes.iter().enumerate().filter(|(j, s)| *j == i || !idle(&s.1)).count();
+            let own = (POOL / sharing as i64).min(m.cap) - m.held().max(0);
             own.min(POOL - sum.max(0)).max(0)
         };
         match op {
             Op::Begin if n < 6 => {
                 let s = mm.begin("model", n as u64, 0).unwrap();
-                scopes.push((s, Model { used: 0, reserved: 0, cap: i64::MAX }, Vec::new()));
+                scopes.push((s, Model { used: 0, reserved: 0, cap: i64::MAX, started: false }, Vec::new()));
             }
             Op::End(i) if n > 0 => {
                 let (s, m, rs) = scopes.remove(i % n);
@@ -131,6 +138,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let m = &scopes[i].1;
                 let fits = held_for(m.used + size as i64, m.reserved) - m.held() <= r;
                 let g = scopes[i].0.attach().unwrap();
+                scopes[i].1.started = true;
                 // SAFETY: a non-zero size.
                 let p = unsafe { QUOTA.alloc(layout(size)) };
                 drop(g);
@@ -153,7 +161,8 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
             _ => {}
         }
         let mut unused = 0;
-        for (s, m, _) in &scopes {
+        for (s, m, _) in &mut scopes {
+            m.started |= m.held() > 0;
             let st = s.stats().unwrap();
             prop_assert_eq!(
                 (st.allocated, st.reserved as i64, st.held as i64),

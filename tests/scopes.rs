@@ -594,6 +594,7 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
     let mut r = a.reserve(0).unwrap();
     r.grow_unchecked(10 * MIB);
     assert_eq!(native() - n0, 10 << 20, "counted in the process at once");
+    assert_eq!(b.handle().account().unwrap().share, 50 * MIB, "both compete");
     // Covered by allocations: the account grows by what passes the reservation only.
     let g = a.attach().unwrap();
     let p = alloc(BIG + (8 << 20));
@@ -626,10 +627,43 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
     free(p, BIG + (8 << 20));
     drop(g);
     assert_eq!(native(), n0);
-    assert_eq!(b.handle().account().unwrap().share, 50 * MIB);
+    assert_eq!(b.handle().account().unwrap().share, 100 * MIB, "a finished scope does not compete");
     assert!(!a.end().is_leak());
     assert_eq!(h.account(), None, "an ended scope has no account");
-    assert_eq!(b.handle().account().unwrap().share, 100 * MIB, "alone again: the whole pool");
+    b.end();
+    mm().set_pool(0);
+    memquota::set_report_hook(memquota::face::write_stderr);
+}
+
+/// Who shares the pool: a scope counts from its begin (tasks that start together share
+/// from the start) until it is idle after it started work (its memory released, no
+/// thread attached), as a Spark task leaves its pool when it releases its memory.
+fn a_finished_scope_no_longer_narrows_the_share() {
+    memquota::set_report_hook(quiet);
+    mm().set_pool(100 * MIB);
+    let done = mm().begin("done", 1, 0).unwrap();
+    let b = mm().begin("running", 2, 0).unwrap();
+    // Begun, nothing done yet: it counts.
+    let r = b.reserve_up_to(80 * MIB).unwrap();
+    assert_eq!(r.bytes(), 50 * MIB, "a scope that has not started work still counts");
+    drop(r);
+    // Its work done: held, then released.
+    drop(done.reserve(10 * MIB).unwrap());
+    let r = b.reserve_up_to(80 * MIB).unwrap();
+    assert_eq!(r.bytes(), 80 * MIB, "a finished scope does not count");
+    drop(r);
+    // A thread attached to it again: it counts again, holding nothing.
+    {
+        let _g = done.attach().unwrap();
+        let r = b.reserve_up_to(80 * MIB).unwrap();
+        assert_eq!(r.bytes(), 50 * MIB, "a scope with a thread attached counts");
+    }
+    // When it asks, it counts: half the pool while the other holds half.
+    let rb = b.reserve(50 * MIB).unwrap();
+    let r = done.reserve_up_to(80 * MIB).unwrap();
+    assert_eq!(r.bytes(), 50 * MIB, "the scope that asks counts");
+    drop((r, rb));
+    done.end();
     b.end();
     mm().set_pool(0);
     memquota::set_report_hook(memquota::face::write_stderr);
@@ -637,6 +671,7 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
 
 fn main() {
     common::run(&[
+        ("a_finished_scope_no_longer_narrows_the_share", a_finished_scope_no_longer_narrows_the_share),
         ("work_on_the_tasks_own_thread", work_on_the_tasks_own_thread),
         ("helper_threads_and_cross_thread_frees", helper_threads_and_cross_thread_frees),
         ("work_outside_any_task_in_a_short_lived_scope", work_outside_any_task_in_a_short_lived_scope),

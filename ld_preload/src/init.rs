@@ -105,13 +105,11 @@ pub(crate) fn write_stats_to(path: String) {
     if WRITER_STARTED.swap(true, AcqRel) {
         return;
     }
-    let _ = std::thread::Builder::new().name("memquota-stats".into()).spawn(|| {
-        face::exempt(crate::tls::local()); // charged, never refused or made to wait
-        loop {
-            // A period, not a synchronisation.
-            std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
-            write_stats_file();
-        }
+    // Charged, never refused or made to wait.
+    let _ = face::spawn_service("memquota-stats", || loop {
+        // A period, not a synchronisation.
+        std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
+        write_stats_file();
     });
 }
 
@@ -181,7 +179,7 @@ fn size(b: u64) -> String {
 
 fn summary(s: &Stats) -> String {
     let mut text = format!(
-        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  untracked      {} now, {} peak ({})\n  process RSS    {} now, {} peak\n  reclaims       {} sync, {} background, freed {}\n  refusals       {} ({} full reports)\n  over-commit    {} grants past the limit\n",
+        "memquota summary (pid {})\n  limit          {}\n  native         {} now, {} peak\n  heap           {} committed, {} used\n  untracked      {} now, {} peak ({})\n  process RSS    {} now, {} peak\n  reclaims       {} sync, {} background, freed {}\n  purges         {} near the limit, {} after reclaims, {} under pressure, {} idle; returned {}\n  refusals       {} ({} full reports)\n  over-commit    {} grants past the limit\n",
         std::process::id(),
         size(s.limit),
         size(s.native),
@@ -196,6 +194,11 @@ fn summary(s: &Stats) -> String {
         s.reclaims_sync,
         s.reclaims_background,
         size(s.reclaimed_bytes),
+        s.purges_budget,
+        s.purges_reclaim,
+        s.purges_pressure,
+        s.purges_idle,
+        size(s.purged_bytes),
         s.ooms,
         s.reports,
         s.overcommits,

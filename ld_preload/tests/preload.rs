@@ -584,11 +584,20 @@ fn conf_under(env: &[(&str, &str)]) -> (String, String) {
 fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
     // The defaults, then dirty_decay_ms:0 by MALLOC_CONF: read back from memquota's
     // jemalloc (its statistics see the program's malloc), and freed pages are purged
-    // at once instead of kept.
+    // at once instead of kept. By default memquota runs the purging (no decay: its
+    // purge service purges, src/purge.rs), settled before the program's main.
     let (defaults, _) = conf_under(&[]);
-    for line in ["opt.dirty_decay_ms 10000", "stats.allocated sees malloc 1", "dirty pages after free kept"] {
+    for line in [
+        "opt.dirty_decay_ms 10000",
+        "arenas.dirty_decay_ms -1",
+        "stats.allocated sees malloc 1",
+        "dirty pages after free kept",
+    ] {
         assert!(defaults.contains(line), "{line}: {defaults}");
     }
+    // A user's own decay wins over memquota's, even one that says jemalloc's default.
+    let (stdout, _) = conf_under(&[("MALLOC_CONF", "dirty_decay_ms:10000")]);
+    assert!(stdout.contains("arenas.dirty_decay_ms 10000"), "{stdout}");
     let set = [("MALLOC_CONF", "dirty_decay_ms:0")];
     let (stdout, stderr) = conf_under(&set);
     for line in [

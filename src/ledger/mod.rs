@@ -86,6 +86,25 @@ pub(crate) fn exempt_this_thread() {
     }
 }
 
+/// Starts one of memquota's own service threads, exempt from the policy before its
+/// first allocation. The thread is unnamed for std, whose start-up code otherwise
+/// copies the name on the new thread, an infallible allocation made before `body`
+/// could exempt it: a sampler or reclaim worker that started as the budget filled
+/// aborted the process there. The kernel gets `name` instead (truncated to its 15
+/// bytes), so `top`, `ps` and debuggers still show it.
+pub fn spawn_service(name: &str, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    let mut kernel_name = [0u8; 16];
+    let n = name.len().min(kernel_name.len() - 1);
+    kernel_name[..n].copy_from_slice(&name.as_bytes()[..n]);
+    std::thread::Builder::new()
+        .spawn(move || {
+            exempt_this_thread();
+            crate::host::name_this_thread(&kernel_name);
+            body()
+        })
+        .map(drop)
+}
+
 /// [`exempt_this_thread`] for a thread whose state the caller holds.
 pub fn exempt(l: &Local) {
     if l.phase.get() == Phase::Fresh {

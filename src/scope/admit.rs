@@ -10,7 +10,7 @@ use super::spill::{self, Cursor};
 use crate::admission;
 use crate::config::OnOom;
 use crate::ledger::{self, Face, Local, ACCOUNT};
-use crate::tables::pool::{Ask, Decision, POOL};
+use crate::tables::pool::{Among, Ask, Decision, POOL};
 use crate::tables::retry::Rollback;
 use crate::tables::set_refusing;
 use crate::tables::signal::{self, Waiter};
@@ -31,6 +31,16 @@ pub(crate) enum Outcome {
 enum Short {
     Scope,
     Process,
+}
+
+/// The share a request on this thread is admitted by: in a retry block, among the
+/// scopes with work under way (see `Among::Busy`).
+fn among(l: &Local) -> Among {
+    if retry::in_block(l) {
+        Among::Busy
+    } else {
+        Among::Begun
+    }
 }
 
 /// Admits `ask` for scope `handle` on the calling thread (busy-marked by the caller).
@@ -57,7 +67,7 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
         // What a spill freed on this thread shows up here.
         ACCOUNT.add(ledger::settle(l, face));
         let seen = signal::generation();
-        let decision = POOL.lock().try_grant(handle, ask, false, !waited_out);
+        let decision = POOL.lock().try_grant(handle, ask, false, !waited_out, among(l));
         let (gap, short) = match decision {
             Decision::Ended => return Outcome::Ended,
             Decision::Granted { granted, dh } => match charge_process(handle, ask, granted, dh) {
@@ -96,7 +106,7 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
         if partial {
             // Bound first: a guard in an `if let` scrutinee lives through the whole
             // body, and the body reaches the report, which takes the lock again.
-            let decision = POOL.lock().try_grant(handle, ask, true, false);
+            let decision = POOL.lock().try_grant(handle, ask, true, false, among(l));
             if let Decision::Granted { granted, dh } = decision {
                 if charge_process(handle, ask, granted, dh) {
                     return Outcome::Granted(granted);
@@ -140,7 +150,7 @@ fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
 fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short, may_block: bool) -> Outcome {
     if short == Short::Process {
         // Bound first, as in `acquire`: the body reaches the report (the lock again).
-        let decision = POOL.lock().try_grant(handle, ask, false, false);
+        let decision = POOL.lock().try_grant(handle, ask, false, false, among(l));
         if let Decision::Granted { granted, dh } = decision {
             if dh <= 0 {
                 ACCOUNT.add(dh);

@@ -105,7 +105,8 @@ pub struct ScopeAccount {
     pub allocated: i64,
     /// Bytes reserved.
     pub reserved: u64,
-    /// Its fair share of the pool (`pool / active scopes`), or its cap if lower.
+    /// Its fair share of the pool (`pool / competing scopes`, itself counted), or its
+    /// cap if lower.
     pub share: u64,
 }
 

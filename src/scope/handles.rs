@@ -9,7 +9,7 @@ use super::{attach_raw, detach_raw, end_raw, release_raw, reserve_raw};
 use crate::error::{Error, Result};
 use crate::ledger::Face;
 use crate::ledger::ACCOUNT;
-use crate::tables::pool::{Ask, POOL};
+use crate::tables::pool::{Among, Ask, POOL};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -134,7 +134,8 @@ impl ScopeHandle {
     /// (memquota-datafusion). Attached threads' unflushed bytes are not in it.
     pub fn account(self) -> Option<ScopeAccount> {
         let p = POOL.lock();
-        let share = p.share();
+        // The share as the scope sees it when it asks: a scope that asks competes.
+        let share = p.share_for(self.0, Among::Begun);
         p.scope(self.0).map(|s| ScopeAccount::new(s, share))
     }
 

@@ -3,6 +3,7 @@
 //! ledger attributes every flush to the flushing thread's scope here, so attribution
 //! flows down; the arbitration above (`scope/`) reads and changes the same tables.
 
+pub(crate) mod machine;
 pub(crate) mod owner;
 pub(crate) mod pool;
 pub(crate) mod retry;

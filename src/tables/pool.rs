@@ -76,6 +76,8 @@ pub(crate) struct Scope {
     pub(crate) attached: u32,
     /// Attached threads rolled back and waiting until further notice (retry blocks).
     pub(crate) yielding: u32,
+    /// It has held memory or had a thread attached.
+    pub(crate) started: bool,
     pub(crate) waits: u64,
     pub(crate) refusals: u64,
 }
@@ -94,6 +96,7 @@ impl Scope {
         cap: i64::MAX,
         attached: 0,
         yielding: 0,
+        started: false,
         waits: 0,
         refusals: 0,
     };
@@ -101,6 +104,29 @@ impl Scope {
     /// Every attached thread is rolled back, waiting (see `Pool::set_yielding`).
     fn yields(&self) -> bool {
         self.live && self.attached > 0 && self.yielding >= self.attached
+    }
+
+    /// Whether the scope takes part in the fair share: live and not yielding, from its
+    /// begin until it is idle (holding nothing, no thread attached) after it started
+    /// work. Tasks that begin together share from the start, whatever order their
+    /// first requests come in; a task whose work is done and whose memory is released
+    /// (Spark removes it from its pool then) no longer narrows the others' share,
+    /// even before its scope ends.
+    fn competes(&self) -> bool {
+        self.live && !self.yields() && (self.busy() || !self.started)
+    }
+
+    /// Holding memory or with a thread attached.
+    fn busy(&self) -> bool {
+        self.held > 0 || self.attached > 0
+    }
+
+    /// Whether the scope takes part in the share that retry blocks see: Spark's rule
+    /// (busy and not yielding). A scope begun but not started does not narrow it: a
+    /// retry block waits for memory that running tasks hold, never for tasks that
+    /// have not started, and its deadlock rule sees only the tasks with threads.
+    fn competes_busy(&self) -> bool {
+        self.live && !self.yields() && self.busy()
     }
 
     /// The charge for `used` allocated and `reserved` reserved bytes.
@@ -183,6 +209,16 @@ pub(crate) enum Decision {
     Short { gap: u64 },
 }
 
+/// Which scopes a share divides the pool among.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Among {
+    /// From begin until idle after started work ([`Scope::competes`]): the fair share.
+    Begun,
+    /// Holding memory or with a thread attached ([`Scope::competes_busy`]): what a
+    /// thread in a retry block is admitted by, and what the retry machine's rooms use.
+    Busy,
+}
+
 /// Spark's ExecutionMemoryPool rule for one scope among `active`: it may hold up to
 /// `pool / active` (and its own cap), and one below `pool / (2 * active)` that cannot
 /// get memory waits instead of failing. Pure arithmetic.
@@ -213,9 +249,12 @@ impl Share {
 pub(crate) struct Pool {
     scopes: [Scope; MAX_SCOPES],
     consumers: [Consumer; MAX_CONSUMERS],
-    active: u32,
-    /// Live scopes whose every attached thread is rolled back (see `set_yielding`).
-    yielded: u32,
+    /// Live scopes.
+    live: u32,
+    /// Scopes that take part in the fair share (`Scope::competes`).
+    competing: u32,
+    /// Scopes that take part in the share retry blocks see (`Scope::competes_busy`).
+    competing_busy: u32,
     held_sum: i64,
     /// The execution pool in bytes; 0: the process limit.
     pool_bytes: i64,
@@ -249,8 +288,9 @@ impl Pool {
         Pool {
             scopes: [Scope::EMPTY; MAX_SCOPES],
             consumers: [Consumer::EMPTY; MAX_CONSUMERS],
-            active: 0,
-            yielded: 0,
+            live: 0,
+            competing: 0,
+            competing_busy: 0,
             held_sum: 0,
             pool_bytes: 0,
             next_gen: 1,
@@ -303,7 +343,8 @@ impl Pool {
         let i = self.scopes.iter().position(|s| !s.live)?;
         let gen = self.gen();
         self.scopes[i] = Scope { gen, live: true, id, priority, name: Name::new(name), ..Scope::EMPTY };
-        self.active += 1;
+        self.live += 1;
+        self.competing += 1;
         self.totals.begun += 1;
         BEGUN.fetch_add(1, Relaxed);
         SCOPES_USED.store(true, Relaxed);
@@ -316,8 +357,9 @@ impl Pool {
         let s = *self.scope(handle)?;
         let slot = index(handle);
         self.scopes[slot].live = false;
-        self.active -= 1;
-        self.yielded -= u32::from(s.yields());
+        self.live -= 1;
+        self.competing -= u32::from(s.competes());
+        self.competing_busy -= u32::from(s.competes_busy());
         self.held_sum -= s.held;
         self.totals.ended += 1;
         self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
@@ -337,19 +379,46 @@ impl Pool {
         self.pool_bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
     }
 
+    /// The fair share among the scopes that compete for the pool.
     pub(crate) fn share(&self) -> Share {
-        let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
-        Share { pool, active: self.active - self.yielded, held_sum: self.held_sum }
+        self.share_among(Among::Begun)
     }
 
-    /// Applies `change` to scope `handle`, keeping the count of yielding scopes.
-    fn with_yield(&mut self, handle: u64, change: impl FnOnce(&mut Scope)) -> bool {
-        let Some(s) = self.scope_mut(handle) else { return false };
-        let before = s.yields();
-        change(s);
-        let after = s.yields();
-        self.yielded = self.yielded + u32::from(after) - u32::from(before);
-        true
+    /// The share among the scopes that compete for the pool under `among`'s rule.
+    pub(crate) fn share_among(&self, among: Among) -> Share {
+        let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
+        let active = match among {
+            Among::Begun => self.competing,
+            Among::Busy => self.competing_busy,
+        };
+        Share { pool, active, held_sum: self.held_sum }
+    }
+
+    /// The share as scope `handle` sees it when it asks: a scope that asks competes,
+    /// idle or not.
+    pub(crate) fn share_for(&self, handle: u64, among: Among) -> Share {
+        let mut share = self.share_among(among);
+        let counted = |s: &Scope| match among {
+            Among::Begun => s.competes(),
+            Among::Busy => s.competes_busy(),
+        };
+        if self.scope(handle).is_some_and(|s| !counted(s)) {
+            share.active += 1;
+        }
+        share
+    }
+
+    /// Applies `change` to scope `handle`, keeping the count of competing scopes.
+    /// Returns what `change` returned; `None`: the scope has ended.
+    fn with_count<R>(&mut self, handle: u64, change: impl FnOnce(&mut Scope) -> R) -> Option<R> {
+        let s = self.scope_mut(handle)?;
+        let before = (s.competes(), s.competes_busy());
+        let r = change(s);
+        s.started |= s.busy();
+        let after = (s.competes(), s.competes_busy());
+        self.competing = self.competing + u32::from(after.0) - u32::from(before.0);
+        self.competing_busy = self.competing_busy + u32::from(after.1) - u32::from(before.1);
+        Some(r)
     }
 
     /// A thread of scope `handle` enters (`true`) or leaves a wait until further
@@ -357,7 +426,7 @@ impl Pool {
     /// released its memory in Spark, it is not active for the fair share, so the
     /// tasks still running may use the pool.
     pub(crate) fn set_yielding(&mut self, handle: u64, on: bool) {
-        self.with_yield(handle, |s| {
+        self.with_count(handle, |s| {
             s.yielding = if on { s.yielding + 1 } else { s.yielding.saturating_sub(1) };
         });
     }
@@ -365,9 +434,9 @@ impl Pool {
     /// Adds `d` bytes an attached thread allocated (or, negative, freed) to its scope.
     /// Returns the process account's change: `d` itself if the scope has ended.
     pub(crate) fn attribute(&mut self, handle: u64, d: i64) -> i64 {
-        let Some(s) = self.scope_mut(handle) else { return d };
-        let (used, reserved) = (s.used.saturating_add(d), s.reserved);
-        let dh = s.set(used, reserved);
+        let Some(dh) = self.with_count(handle, |s| s.set(s.used.saturating_add(d), s.reserved)) else {
+            return d;
+        };
         self.held_sum += dh;
         dh
     }
@@ -379,15 +448,16 @@ impl Pool {
             s.attached = u32::from(s.live && key(s.gen, i) == survivor);
             s.yielding = 0;
         }
-        self.yielded = 0;
+        self.competing = self.scopes.iter().map(|s| u32::from(s.competes())).sum();
+        self.competing_busy = self.scopes.iter().map(|s| u32::from(s.competes_busy())).sum();
     }
 
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
-        self.with_yield(handle, |s| s.attached += 1)
+        self.with_count(handle, |s| s.attached += 1).is_some()
     }
 
     pub(crate) fn detach(&mut self, handle: u64) {
-        self.with_yield(handle, |s| s.attached = s.attached.saturating_sub(1));
+        self.with_count(handle, |s| s.attached = s.attached.saturating_sub(1));
     }
 
     pub(crate) fn add_consumer(&mut self, handle: u64, name: &str) -> Option<u64> {
@@ -408,8 +478,15 @@ impl Pool {
     /// Looks at the pool for `ask` on `handle` and applies it if it fits; with
     /// `partial`, a reservation may be granted less than asked. With `may_wait`, a
     /// scope below its minimum share that comes up short is told to wait.
-    pub(crate) fn try_grant(&mut self, handle: u64, ask: Ask, partial: bool, may_wait: bool) -> Decision {
-        let share = self.share();
+    pub(crate) fn try_grant(
+        &mut self,
+        handle: u64,
+        ask: Ask,
+        partial: bool,
+        may_wait: bool,
+        among: Among,
+    ) -> Decision {
+        let share = self.share_for(handle, among);
         let Some(s) = self.scope(handle) else { return Decision::Ended };
         let (used, reserved, held, cap) = (s.used, s.reserved, s.held, s.cap);
         let b = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
@@ -453,14 +530,13 @@ impl Pool {
                 c.peak = c.peak.max(c.used);
             }
         }
-        let Some(s) = self.scope_mut(handle) else {
+        let applied = self.with_count(handle, |s| match ask {
+            Ask::Alloc(_) => s.set(s.used.saturating_add(g), s.reserved),
+            Ask::Reserve { .. } => s.set(s.used, s.reserved.saturating_add(g).max(0)),
+        });
+        let Some(dh) = applied else {
             return if matches!(ask, Ask::Alloc(_)) { g } else { 0 };
         };
-        let (used, reserved) = match ask {
-            Ask::Alloc(_) => (s.used.saturating_add(g), s.reserved),
-            Ask::Reserve { .. } => (s.used, s.reserved.saturating_add(g).max(0)),
-        };
-        let dh = s.set(used, reserved);
         self.held_sum += dh;
         dh
     }
@@ -505,14 +581,15 @@ impl Pool {
     /// The scope tree for an OOM report: every live scope, then its consumers, each
     /// with current and peak bytes. Writes into a fixed buffer: no allocation.
     pub(crate) fn write_tree(&self, w: &mut impl Write) -> fmt::Result {
-        if self.active == 0 {
+        if self.live == 0 {
             return Ok(());
         }
         let share = self.share();
         writeln!(
             w,
-            "  scopes           {} active, pool {}, share {} each (min {})",
-            self.active,
+            "  scopes           {} live, {} sharing the pool {}, share {} each (min {})",
+            self.live,
+            self.competing,
             SignedSize(share.pool),
             SignedSize(share.max_per()),
             SignedSize(share.min_per())
@@ -574,7 +651,7 @@ mod tests {
         p.set_pool_bytes(1000);
         let h = p.begin("t", 1, 0).unwrap();
         let r = Ask::Reserve { bytes: 300, consumer: 0 };
-        assert_eq!(p.try_grant(h, r, false, true), Decision::Granted { granted: 300, dh: 300 });
+        assert_eq!(p.try_grant(h, r, false, true, Among::Begun), Decision::Granted { granted: 300, dh: 300 });
         assert_eq!(p.attribute(h, 200), 0, "inside the reservation: no new charge");
         assert_eq!(p.attribute(h, 150), 50);
         assert_eq!(p.apply(h, r, 300, -1), 0, "allocations exceed it: releasing costs nothing");
@@ -589,11 +666,36 @@ mod tests {
         let a = p.begin("a", 1, 0).unwrap();
         let b = p.begin("b", 2, 0).unwrap();
         let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
-        assert!(matches!(p.try_grant(a, ask(700), false, true), Decision::Short { gap: 200 }));
-        assert_eq!(p.try_grant(a, ask(700), true, true), Decision::Granted { granted: 500, dh: 500 });
+        assert!(matches!(p.try_grant(a, ask(700), false, true, Among::Begun), Decision::Short { gap: 200 }));
+        assert_eq!(
+            p.try_grant(a, ask(700), true, true, Among::Begun),
+            Decision::Granted { granted: 500, dh: 500 }
+        );
         assert_eq!(p.attribute(a, 800), 300, "allocations past the share are charged anyway");
         // b holds nothing, below 1/2N = 250, and only 200 are free: it waits
-        assert_eq!(p.try_grant(b, ask(600), true, true), Decision::Wait { gap: 400 });
-        assert_eq!(p.try_grant(b, ask(200), false, true), Decision::Granted { granted: 200, dh: 200 });
+        assert_eq!(p.try_grant(b, ask(600), true, true, Among::Begun), Decision::Wait { gap: 400 });
+        assert_eq!(
+            p.try_grant(b, ask(200), false, true, Among::Begun),
+            Decision::Granted { granted: 200, dh: 200 }
+        );
+    }
+
+    #[test]
+    fn retry_blocks_share_among_busy_scopes_only() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let a = p.begin("a", 1, 0).unwrap();
+        let b = p.begin("b", 2, 0).unwrap();
+        let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
+        // b has begun but not started: it narrows the fair share, not a retry block's.
+        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Begun), Decision::Short { .. }));
+        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Busy), Decision::Granted { .. }));
+        // Once b has a thread attached, it counts for both.
+        assert!(p.attach(b));
+        assert_eq!(p.share_among(Among::Busy).active, 2);
+        assert_eq!(p.share_among(Among::Begun).active, 2);
+        // Idle after its work: it counts for neither.
+        p.detach(b);
+        assert_eq!((p.share_among(Among::Busy).active, p.share_among(Among::Begun).active), (1, 1));
     }
 }

@@ -115,9 +115,8 @@ pub fn watchdog(status: fn(&mut Line)) {
         return;
     }
     now_ms();
-    let t = thread::Builder::new()
-        .name("watchdog".into())
-        .spawn(|| loop {
+    let t = spawn_running("watchdog", || {
+        loop {
             // Nothing below allocates: with its start-up bytes flushed, this thread
             // leaves nothing unflushed for a check of exactness at quiescence.
             memquota::flush_thread();
@@ -128,9 +127,30 @@ pub fn watchdog(status: fn(&mut Line)) {
             }
             // A timed park, woken early by `arm`: no allocation, no lock.
             thread::park_timeout(Duration::from_millis(deadline.saturating_sub(now).min(1000)));
-        })
-        .expect("spawn the watchdog");
+        }
+    });
     let _ = WATCHDOG.set(t.thread().clone());
+}
+
+/// Starts a thread of the test's own and returns once it runs: a test that fills the
+/// budget next must not see the thread's start-up allocation (std copies its name on
+/// the new thread) refused there, which aborts the process.
+fn spawn_running<T: Send + 'static>(name: &str, body: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    let spawner = thread::current();
+    let ready = Arc::new(AtomicBool::new(false));
+    let running = Arc::clone(&ready);
+    let handle = thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            running.store(true, SeqCst);
+            spawner.unpark();
+            body()
+        })
+        .unwrap_or_else(|e| panic!("spawn the {name}: {e}"));
+    while !ready.load(SeqCst) {
+        thread::park();
+    }
+    handle
 }
 
 fn fire(now: u64) -> ! {
@@ -259,24 +279,21 @@ impl Monitor {
         let stop = Arc::new(AtomicBool::new(false));
         let s2 = Arc::clone(&stop);
         SEEN_MAX_NATIVE.store(0, SeqCst);
-        let handle = thread::Builder::new()
-            .name("monitor".into())
-            .spawn(move || {
-                let mut seen = Samples::default();
-                loop {
-                    let s = memquota::stats();
-                    seen.count += 1;
-                    seen.max_native = seen.max_native.max(s.native);
-                    seen.max_threads = seen.max_threads.max(s.threads);
-                    SEEN_NATIVE.store(s.native, SeqCst);
-                    SEEN_MAX_NATIVE.fetch_max(s.native, SeqCst);
-                    if s2.load(SeqCst) {
-                        return seen;
-                    }
-                    thread::park_timeout(Duration::from_millis(1));
+        let handle = spawn_running("monitor", move || {
+            let mut seen = Samples::default();
+            loop {
+                let s = memquota::stats();
+                seen.count += 1;
+                seen.max_native = seen.max_native.max(s.native);
+                seen.max_threads = seen.max_threads.max(s.threads);
+                SEEN_NATIVE.store(s.native, SeqCst);
+                SEEN_MAX_NATIVE.fetch_max(s.native, SeqCst);
+                if s2.load(SeqCst) {
+                    return seen;
                 }
-            })
-            .expect("spawn the monitor");
+                thread::park_timeout(Duration::from_millis(1));
+            }
+        });
         Monitor { stop, handle }
     }
 
@@ -297,15 +314,27 @@ const CHILD_VAR: &str = "MEMQUOTA_TEST_CHILD";
 /// with `-` select checks by substring. Prints cargo's closing line and exits non-zero
 /// if any check failed.
 pub fn run_isolated(checks: &[(&'static str, fn())], budget: Duration) {
+    let checks: Vec<Check> = checks.iter().map(|&(name, check)| (name, check, &[][..])).collect();
+    run_isolated_with_env(&checks, budget);
+}
+
+/// A check, and the environment its process starts with (jemalloc reads its options
+/// when it starts: they cannot be set from inside).
+pub type Check = (&'static str, fn(), &'static [(&'static str, &'static str)]);
+
+/// [`run_isolated`], each check's process started with its own variables. A check
+/// with variables of its own starts without jemalloc's option variables
+/// (`MALLOC_CONF`, `_RJEM_MALLOC_CONF`) unless it sets them.
+pub fn run_isolated_with_env(checks: &[Check], budget: Duration) {
     if let Ok(name) = std::env::var(CHILD_VAR) {
-        let (name, check) = *checks.iter().find(|c| c.0 == name).expect("a known check");
+        let &(name, check, _) = checks.iter().find(|c| c.0 == name).expect("a known check");
         child(name, check, budget);
     }
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let exe = std::env::current_exe().expect("own path");
     let mut failed = Vec::new();
     let mut ran = 0;
-    for (name, _) in checks {
+    for (name, _, env) in checks {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
@@ -315,6 +344,9 @@ pub fn run_isolated(checks: &[(&'static str, fn())], budget: Duration) {
         cmd.env(CHILD_VAR, name).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         for (var, _) in memquota::face::ENV_VARS {
             cmd.env_remove(var);
+        }
+        if !env.is_empty() {
+            cmd.env_remove("MALLOC_CONF").env_remove("_RJEM_MALLOC_CONF").envs(env.iter().copied());
         }
         let child = cmd.spawn().expect("spawn the check");
         let pid = child.id() as i32;

@@ -1,0 +1,223 @@
+//! Budget-aware purging (docs/design.md, "Purging"), each check in a process of its
+//! own with the defaults a user gets (only the limit set):
+//!
+//! * under a tight budget, resident memory follows allocated memory: the freed pages
+//!   of a large working set do not stay resident next to a new one that fills the
+//!   budget;
+//! * far from the limit, no page is purged on an allocating thread (jemalloc's own
+//!   count of purged pages, against the purge service's);
+//! * a user's own jemalloc decay option wins (and then jemalloc purges inline, which
+//!   the same count sees: the check above could fail);
+//! * a fork child, which has no purge service, gets jemalloc's own decay back;
+//! * far from the limit, freed pages go back to the system after the purge interval.
+
+mod support;
+
+use memquota::{Config, QuotaAlloc};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use support::{Size, KIB, MIB};
+
+#[global_allocator]
+static GLOBAL: QuotaAlloc = QuotaAlloc::new();
+
+fn main() {
+    support::run_isolated_with_env(
+        &[
+            ("resident_follows_allocated_under_a_tight_budget", resident_follows_allocated, &[]),
+            ("far_from_the_limit_nothing_purges_inline", far_from_the_limit_nothing_purges_inline, &[]),
+            (
+                "a_users_own_decay_wins_and_purges_inline",
+                a_users_own_decay_wins,
+                &[("_RJEM_MALLOC_CONF", "dirty_decay_ms:10000")],
+            ),
+            ("a_fork_child_gets_jemallocs_decay_back", a_fork_child_gets_jemallocs_decay_back, &[]),
+            (
+                "dirty_pages_go_back_after_the_purge_interval",
+                dirty_pages_go_back_after_the_purge_interval,
+                &[],
+            ),
+        ],
+        Duration::from_secs(60),
+    );
+}
+
+/// jemalloc's decay for arenas created from now on.
+fn arenas_dirty_decay_ms() -> isize {
+    // SAFETY: `arenas.dirty_decay_ms` is an `ssize_t`.
+    unsafe { tikv_jemalloc_ctl::raw::read::<isize>(b"arenas.dirty_decay_ms\0") }.unwrap()
+}
+
+/// A program's working set: 1 MiB blocks, every page written.
+fn working_set(bytes: u64) -> Vec<Vec<u8>> {
+    (0..bytes / MIB).map(|_| vec![1u8; MIB as usize]).collect()
+}
+
+fn resident_follows_allocated() {
+    const LIMIT: u64 = 256 * MIB;
+    memquota::init(Config::new().limit(LIMIT)).unwrap();
+    assert_eq!(arenas_dirty_decay_ms(), -1, "far from the limit jemalloc does not purge by time");
+    let baseline = memquota::face::process_rss();
+    // A working set of 200 MiB, freed: its pages stay resident, dirty (no purge by
+    // time), in this thread's arena.
+    drop(working_set(200 * MIB));
+    let dirty = memquota::stats().jemalloc.dirty;
+    assert!(dirty >= 150 * MIB, "the freed working set is dirty: {}", Size(dirty));
+    // Another thread (another arena: the pages above are not reused) allocates up to
+    // the limit, writing every page, until it is refused.
+    let filled = std::thread::spawn(|| {
+        let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(8192);
+        loop {
+            let mut b = Vec::new();
+            if b.try_reserve_exact(64 * KIB as usize).is_err() {
+                return blocks;
+            }
+            b.resize(64 * KIB as usize, 1);
+            blocks.push(b);
+        }
+    })
+    .join()
+    .unwrap();
+    let held = filled.len() as u64 * 64 * KIB;
+    // Without a purge the process would hold limit + 200 MiB. What jemalloc cannot
+    // purge (its metadata, the free parts of pages: a 64 KiB block takes 68 KiB of
+    // pages) is its own overhead, not dirty pages: it is allowed, measured. The purge
+    // service runs off this thread: wait for it, with a deadline.
+    let floor = 1 << 20; // the dirty floor at a 256 MiB limit
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (rss, bound, s) = loop {
+        let s = memquota::stats();
+        let pinned = s.jemalloc.unused() - s.jemalloc.dirty.min(s.jemalloc.unused());
+        let bound = LIMIT + baseline + pinned + floor;
+        let rss = memquota::face::process_rss();
+        if rss <= bound || Instant::now() >= deadline {
+            break (rss, bound, s);
+        }
+        std::thread::sleep(Duration::from_millis(10)); // polling, with a deadline
+    };
+    println!(
+        "  baseline {}, held {}, RSS {} (peak {}) against {} (limit + baseline + jemalloc's \
+         unpurgeable {} + floor 1 MiB); dirty {}; purges: {} budget, {} idle, {} returned",
+        Size(baseline),
+        Size(held),
+        Size(rss),
+        Size(s.process_rss_peak),
+        Size(bound),
+        Size(s.jemalloc.unused() - s.jemalloc.dirty.min(s.jemalloc.unused())),
+        Size(s.jemalloc.dirty),
+        s.purges_budget,
+        s.purges_idle,
+        Size(s.purged_bytes),
+    );
+    assert!(held >= LIMIT - 16 * MIB, "the filler got to the limit: {}", Size(held));
+    assert!(rss <= bound, "dirty pages pushed the process past its limit: RSS {}", Size(rss));
+    assert!(s.purges_budget >= 1 && s.purged_bytes >= 150 * MIB, "the budget purged the working set");
+    drop(filled);
+}
+
+/// Runs the large-block loop (benches/large: 1-8 MiB blocks, four live, every page
+/// written) on two threads, and returns the bytes jemalloc purged meanwhile that
+/// memquota's purge service did not: purged on the allocating threads. Measured
+/// while the threads are still alive: jemalloc purges an arena when the last thread
+/// using it exits (after its last allocation), whatever its decay.
+fn purged_inline_by_the_loop(rounds: u32) -> (u64, memquota::Stats) {
+    let done = Arc::new(Barrier::new(3));
+    let measured = Arc::new(Barrier::new(3));
+    let before = memquota::stats();
+    let threads: Vec<_> = (0..2u64)
+        .map(|t| {
+            let (done, measured) = (Arc::clone(&done), Arc::clone(&measured));
+            std::thread::spawn(move || {
+                let mut s = 0x9E37_79B9_7F4A_7C15u64.wrapping_mul(t + 1);
+                let mut live: Vec<Vec<u8>> = Vec::new();
+                for i in 0..rounds as usize {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    let size = MIB + (s >> 16) % (7 * MIB);
+                    let block = vec![i as u8; size as usize];
+                    if live.len() == 4 {
+                        live[i % 4] = block;
+                    } else {
+                        live.push(block);
+                    }
+                }
+                drop(live);
+                done.wait();
+                measured.wait();
+            })
+        })
+        .collect();
+    done.wait();
+    let after = memquota::stats();
+    measured.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let by_jemalloc = after.jemalloc.purged - before.jemalloc.purged;
+    let by_service = after.purged_bytes - before.purged_bytes;
+    println!("  jemalloc purged {}, of which the purge service {}", Size(by_jemalloc), Size(by_service));
+    (by_jemalloc - by_service, after)
+}
+
+fn far_from_the_limit_nothing_purges_inline() {
+    memquota::init(Config::new().limit(8 << 30)).unwrap();
+    let (inline, s) = purged_inline_by_the_loop(2000);
+    assert!(s.purging_by_memquota);
+    assert_eq!(inline, 0, "pages were purged on the allocating threads: {}", Size(inline));
+}
+
+fn a_users_own_decay_wins() {
+    memquota::init(Config::new().limit(8 << 30)).unwrap();
+    assert_eq!(arenas_dirty_decay_ms(), 10_000, "_RJEM_MALLOC_CONF set it");
+    let (inline, s) = purged_inline_by_the_loop(2000);
+    assert!(!s.purging_by_memquota);
+    // jemalloc's decay purges on the allocating threads, as the user chose: the count
+    // the check above relies on sees it.
+    assert!(inline > 0, "jemalloc's decay purged nothing inline");
+}
+
+fn a_fork_child_gets_jemallocs_decay_back() {
+    memquota::init(Config::new().limit(1 << 30)).unwrap();
+    assert_eq!(arenas_dirty_decay_ms(), -1);
+    // SAFETY: the child only allocates (memquota's fork handlers leave its locks
+    // usable), reads a jemalloc control and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let v: Vec<u8> = Vec::with_capacity(4 * MIB as usize); // a slow path
+        std::hint::black_box(&v);
+        let code = if arenas_dirty_decay_ms() == 10_000 { 0 } else { 1 };
+        // SAFETY: ends the child without running the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let status = support::wait_child(pid, Duration::from_secs(10)).expect("the child exits");
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
+    assert_eq!(arenas_dirty_decay_ms(), -1, "the parent keeps its purge service");
+}
+
+fn dirty_pages_go_back_after_the_purge_interval() {
+    let interval = Duration::from_millis(200);
+    memquota::init(Config::new().limit(1 << 30).purge_interval(Some(interval))).unwrap();
+    drop(working_set(64 * MIB));
+    // The service purges what stayed dirty for a whole interval (it may have purged
+    // once already since it started: poll for the freed pages, with a deadline).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let s = loop {
+        let s = memquota::stats();
+        if (s.purges_idle >= 1 && s.purged_bytes >= 48 * MIB && s.jemalloc.dirty < MIB)
+            || Instant::now() >= deadline
+        {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10)); // polling, with a deadline
+    };
+    println!(
+        "  {} idle purges returned {}; dirty now {}",
+        s.purges_idle,
+        Size(s.purged_bytes),
+        Size(s.jemalloc.dirty)
+    );
+    assert!(s.purges_idle >= 1 && s.purged_bytes >= 48 * MIB, "the freed 64 MiB went back");
+    assert!(s.jemalloc.dirty < MIB, "dirty pages left: {}", Size(s.jemalloc.dirty));
+    assert_eq!(s.purges_budget, 0, "far from the limit");
+}
