@@ -42,7 +42,6 @@
 #![warn(missing_docs)]
 
 mod attach;
-mod decay;
 mod decide;
 mod exhausted;
 mod pool;

@@ -4,7 +4,7 @@
 //! with `decide` over figures read at that moment.
 
 use crate::decide::{decide, Figures, Margin, Request};
-use crate::{decay, exhausted};
+use crate::exhausted;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation};
 use memquota::{Enforcement, MemoryManager, Reservation, ScopeHandle};
@@ -46,8 +46,8 @@ pub const DEFAULT_MARGIN: f64 = 0.2;
 /// Creating the pool switches memquota to [`Enforcement::Gates`]: the allocator counts
 /// every allocation but refuses none, because an infallible Rust allocation that is
 /// refused aborts the process. The pool's refusals are what keep memory under the
-/// limit. It also shortens jemalloc's keeping of freed pages from 10 s to 100 ms (never
-/// lengthens it), so resident memory follows what is allocated.
+/// limit. Resident memory follows what is allocated through memquota's own purging
+/// (freed pages go back to the system once the process passes its soft threshold).
 pub struct MemquotaPool {
     margin: Margin,
     consumers: Mutex<HashMap<usize, Tracked>>,
@@ -77,7 +77,6 @@ impl MemquotaPool {
     /// share, clamped to [0, 0.9]) for the memory DataFusion does not reserve.
     pub fn with_margin(margin: f64) -> MemquotaPool {
         memquota::set_enforcement(Enforcement::Gates);
-        decay::shorten_dirty_decay(decay::DIRTY_DECAY_MS);
         crate::install_tracer();
         MemquotaPool {
             margin: Margin(margin.clamp(0.0, 0.9)),
