@@ -39,8 +39,9 @@ pub(crate) struct Request {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
     /// The process: `need` new bytes against `room` left under the limit, of which the
-    /// request must leave `keep` (the margin, and for a spiller room for its next step).
-    Process { need: u64, room: u64, keep: u64 },
+    /// request must leave `keep`: the margin, and for a spiller `step`, room for its
+    /// next step (0: none).
+    Process { need: u64, room: u64, keep: u64, step: u64 },
     /// The query's scope: it would hold `held` against `line` (its fair share less the
     /// margin, and for a spiller room for its next step).
     Share { held: u64, line: u64, share: u64 },
@@ -85,7 +86,7 @@ pub(crate) fn decide(f: &Figures, r: &Request, margin: Margin) -> Result<(), Ref
     //    reserves after allocating stops there.
     let margin_bytes = margin.of(f.limit);
     if need.saturating_add(margin_bytes) >= f.headroom {
-        return Err(Refusal::Process { need, room: f.headroom, keep: margin_bytes });
+        return Err(Refusal::Process { need, room: f.headroom, keep: margin_bytes, step: 0 });
     }
     let share_line = f.scope.map(|s| s.share.saturating_sub(margin.of(s.share)));
     if let (Some(s), Some(held), Some(line)) = (f.scope, held_after, share_line) {
@@ -101,7 +102,7 @@ pub(crate) fn decide(f: &Figures, r: &Request, margin: Margin) -> Result<(), Ref
     }
     let keep = margin_bytes.saturating_add(own);
     if need.saturating_add(keep) >= f.headroom {
-        return Err(Refusal::Process { need, room: f.headroom, keep });
+        return Err(Refusal::Process { need, room: f.headroom, keep, step: own });
     }
     if let (Some(s), Some(held), Some(line)) = (f.scope, held_after, share_line) {
         if held.saturating_add(own) > line {
@@ -157,7 +158,7 @@ mod tests {
         // 35 more: 5 new, 45 its own + 20 margin >= 60 left: refused, it spills.
         assert_eq!(
             decide(&f, &spiller(35 * MIB, 10 * MIB), M),
-            Err(Refusal::Process { need: 5 * MIB, room: 60 * MIB, keep: 65 * MIB })
+            Err(Refusal::Process { need: 5 * MIB, room: 60 * MIB, keep: 65 * MIB, step: 45 * MIB })
         );
         // An unspillable consumer may take them: 5 + 20 < 60.
         assert_eq!(decide(&f, &fixed(35 * MIB), M), Ok(()));
@@ -177,7 +178,10 @@ mod tests {
     #[test]
     fn past_the_line_everything_is_refused() {
         let f = Figures { headroom: 0, limit: 100 * MIB, scope: Some(account(120 << 20, 0, 100 * MIB)) };
-        assert_eq!(decide(&f, &fixed(1), M), Err(Refusal::Process { need: 0, room: 0, keep: 20 * MIB }));
+        assert_eq!(
+            decide(&f, &fixed(1), M),
+            Err(Refusal::Process { need: 0, room: 0, keep: 20 * MIB, step: 0 })
+        );
         assert!(decide(&f, &spiller(1, 0), M).is_err());
         assert!(decide(&f, &spiller(1, 10 * MIB), M).is_err());
         assert_eq!(decide(&f, &fixed(0), M), Ok(()), "nothing asked, nothing refused");

@@ -62,14 +62,17 @@ pub(crate) fn message(
             size(need),
             size(room)
         ),
-        Refusal::Process { need, room, keep } => write!(
+        Refusal::Process { need, room, keep, step } => write!(
             m,
             "memquota: {} new, {} left under the limit, of which {} stays free (the margin for \
              memory DataFusion does not reserve{})",
             size(need),
             size(room),
             size(keep),
-            if request.can_spill && keep > 0 { ", and room for this spiller's next step" } else { "" }
+            match step {
+                0 => String::new(),
+                step => format!(", and {} for this spiller's next step", size(step)),
+            }
         ),
         Refusal::Share { held, line, share } => write!(
             m,
