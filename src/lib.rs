@@ -126,6 +126,6 @@ pub use {
         ScopeAccount, ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope, MAX_RETRIES,
     },
     settings::{set_enforcement, set_limit, Enforcement},
-    snapshot::{budget, report_now, stats},
-    stats::{Budget, HeapBytes, JemallocStats, RetryStats, Stats},
+    snapshot::{process_account, report_now, stats},
+    stats::{HeapBytes, JemallocStats, ProcessAccount, RetryStats, Stats},
 };

@@ -6,7 +6,7 @@ use crate::quota::Quota;
 use crate::reclaim;
 use crate::report;
 use crate::settings::{self, heap_mode, quota};
-use crate::stats::{Budget, JemallocStats, Stats};
+use crate::stats::{ProcessAccount, JemallocStats, Stats};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// A snapshot of the budget. Never allocates (unless a heap probe function does), and
@@ -65,11 +65,11 @@ pub fn stats() -> Stats {
 /// `/proc` read, no allocation, so an engine's memory pool may read them on every
 /// request. The calling thread's unflushed bytes
 /// ([`thread_pending`](crate::thread_pending)) are not in them.
-pub fn budget() -> Budget {
+pub fn process_account() -> ProcessAccount {
     let quota = quota();
     let native = ACCOUNT.native();
     let outside = heap_probe::outside();
-    Budget {
+    ProcessAccount {
         limit: if quota.limit == i64::MAX { u64::MAX } else { u64::try_from(quota.limit).unwrap_or(0) },
         native: u64::try_from(native).unwrap_or(0),
         outside: u64::try_from(outside).unwrap_or(0),

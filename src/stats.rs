@@ -28,10 +28,10 @@ impl HeapBytes {
     }
 }
 
-/// The budget's main figures, read cheaply ([`budget`](crate::budget)).
+/// The process account's main figures, read cheaply ([`process_account`](crate::process_account)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Budget {
+pub struct ProcessAccount {
     /// The hard limit (`u64::MAX`: none).
     pub limit: u64,
     /// Native bytes tracked (flushed).

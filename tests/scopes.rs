@@ -609,8 +609,8 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
     let limit = native() as u64 + MIB;
     memquota::set_limit(limit);
     r.grow_unchecked(200 * MIB);
-    let budget = memquota::budget();
-    assert_eq!((budget.headroom, budget.limit, budget.native), (0, limit, native() as u64), "past the limit");
+    let account = memquota::process_account();
+    assert_eq!((account.headroom, account.limit, account.native), (0, limit, native() as u64), "past the limit");
     let acc = h.account().unwrap();
     assert_eq!((acc.reserved, acc.held), (210 * MIB, 210 * MIB));
     assert!(memquota::stats().overcommit > 0);
@@ -620,8 +620,8 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
     assert_eq!(memquota::stats().ooms, ooms, "figures on demand are no refusal");
     drop((figures, r));
     memquota::set_limit(1 << 50);
-    let budget = memquota::budget();
-    assert_eq!(budget.headroom, (1 << 50) - budget.native - budget.outside);
+    let account = memquota::process_account();
+    assert_eq!(account.headroom, (1 << 50) - account.native - account.outside);
     assert_eq!(native() - n0, BIG as i64 + (8 << 20), "released down to the allocations");
     let g = a.attach().unwrap();
     free(p, BIG + (8 << 20));

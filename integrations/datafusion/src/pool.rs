@@ -190,10 +190,10 @@ impl MemoryPool for MemquotaPool {
         };
         let mut table = self.table();
         let scope = Self::tracked(&mut table, consumer).scope;
-        let budget = memquota::budget();
+        let account = memquota::process_account();
         let figures = Figures {
-            headroom: budget.headroom,
-            limit: budget.limit,
+            headroom: account.headroom,
+            limit: account.limit,
             scope: scope.and_then(ScopeHandle::account),
         };
         match decide(&figures, &request, self.margin) {
@@ -232,7 +232,7 @@ impl MemoryPool for MemquotaPool {
     }
 
     fn memory_limit(&self) -> MemoryLimit {
-        match memquota::budget().limit {
+        match memquota::process_account().limit {
             u64::MAX => MemoryLimit::Infinite,
             limit => MemoryLimit::Finite(limit as usize),
         }
