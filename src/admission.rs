@@ -130,6 +130,12 @@ pub(crate) fn try_admit(l: &Local, face: &Face, bytes: i64) -> Result<(), Option
 /// Counts and reports a refusal (a full report, or a count the next report sums up:
 /// see `report`), then aborts if the policy says so and `worst` allows.
 pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>, worst: OnOom) -> bool {
+    // In a retry block this refusal is a plain one: what the thread's last refusal
+    // was (`memquota_last_refusal`, `From<TryReserveError>`) must not stay the
+    // rollback or split of an earlier request.
+    if let Some(i) = ledger::this_thread().and_then(ledger::retry_slot) {
+        crate::tables::retry::machine().set_last(i, None);
+    }
     let abort = settings::abort_on_oom() && worst == OnOom::Abort;
     let policy = if abort { OnOom::Abort } else { OnOom::Null };
     let mark = report::Mark {

@@ -94,16 +94,16 @@ pub mod face {
     pub use crate::endpoint::DEFAULT_METRICS_ADDR;
     pub use crate::export::metric;
     pub use crate::host::{cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
-    pub use crate::ledger::{
-        enter, exempt, spawn_service, thread_exit, try_charge, try_credit, Busy, Face, Local,
-    };
+    pub use crate::ledger::{enter, spawn_service, thread_exit, try_charge, try_credit, Busy, Face, Local};
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_untracked_note};
     pub use crate::scope::{
-        attach_raw, begin_raw, detach_raw, end_raw, note_alloc, note_free, note_realloc_begin,
-        note_realloc_end, release_raw, reserve_raw,
+        attach_raw, begin_raw, detach_raw, end_raw, last_refusal_raw, note_alloc, note_free,
+        note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
+        retry_end_raw,
     };
     pub use crate::slow_path::{charge_slow, end_gate, flush_thread, make_room, record};
+    pub use crate::tables::retry::Rollback;
     pub use crate::tables::{MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
     pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};
 }

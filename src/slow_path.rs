@@ -47,13 +47,15 @@ fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
         ACCOUNT.add(ledger::attribute(l, bytes));
         return true;
     }
-    // What a gate charged already for this allocation ([`make_room`]): the account
-    // has it, the scope does not yet.
-    let prepaid = ledger::use_prepaid(l, bytes as u64) as i64;
+    // What a gate charged already for this allocation ([`make_room`]): in a retry
+    // block the scope and the account have it; otherwise the account has it, the
+    // scope does not yet.
+    let scoped = ledger::use_prepaid_scoped(l, bytes as u64) as i64;
+    let prepaid = ledger::use_prepaid(l, (bytes - scoped) as u64) as i64;
     if prepaid > 0 {
         ACCOUNT.add(ledger::attribute(l, prepaid) - prepaid);
     }
-    let bytes = bytes - prepaid;
+    let bytes = bytes - scoped - prepaid;
     if bytes == 0 {
         return true;
     }
@@ -88,7 +90,9 @@ fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
 /// there, under the limit, so gates on many threads cannot all pass on the same room.
 /// The allocation that follows on this thread uses the charge up ([`end_gate`] gives
 /// back what it did not use). Returns false, with an OOM report written, if they will
-/// not fit. Call it only where waiting is safe: never with a lock held that a reclaim
+/// not fit. On a thread in a retry block the scope admits the request instead, and
+/// charges it there too: it may block, and it fails with no report when the retry
+/// machine rolls the thread back or tells it to split. Call it only where waiting is safe: never with a lock held that a reclaim
 /// needs (in a JVM, from a thread in native state, never in VM state).
 ///
 /// Requests under `refuse_min` always pass, with no wait and no charge, whatever the
@@ -106,6 +110,12 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
         ensure_configured();
     }
     ACCOUNT.add(ledger::settle(l, face));
+    // In a retry block the request takes part in the retry machine: it blocks
+    // instead of failing, and fails when the machine rolls the thread back or asks
+    // it to split (`last_refusal_raw` says which).
+    if let Some(granted) = crate::scope::gate_in_block(l, face, bytes) {
+        return granted;
+    }
     let granted = admission::admit_as(l, face, i64::try_from(bytes).unwrap_or(i64::MAX), OnOom::Abort);
     if granted {
         ledger::prepay(l, bytes);
@@ -115,13 +125,14 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
 
 /// After the allocation a granted [`make_room`] let through: credits the part of the
 /// gate's charge that the allocation did not use (all of it, if the allocation
-/// failed or was served on the fast path).
+/// failed or was served on the fast path), to the scope as well in a retry block.
 pub fn end_gate(face: &'static Face) {
     if let Some(l) = (face.local)() {
         let left = ledger::take_prepaid(l);
         if left > 0 {
             ACCOUNT.add(-i64::try_from(left).unwrap_or(i64::MAX));
         }
+        ACCOUNT.add(ledger::give_back_prepaid_scoped(l));
     }
 }
 

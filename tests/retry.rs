@@ -152,9 +152,12 @@ fn a_deadlock_rolls_the_youngest_back() {
                             rolled[id as usize].fetch_add(1, SeqCst);
                         }
                     })?;
+                    // Done, counted while it still holds both buffers: after it frees
+                    // them, a younger task may be granted and finish before this
+                    // thread is scheduled again.
+                    finished.lock().unwrap().push(id);
                     Ok(a.len() + b.len())
                 });
-                finished.lock().unwrap().push(id);
                 r
             })
         })

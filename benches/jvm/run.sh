@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 source benches/baseline.sh
 classes=$(mktemp -d)
-javac -d "$classes" java/org/memquota/MemQuota.java ld_preload/tests/java/JvmWorkload.java
+javac -d "$classes" java/org/memquota/*.java ld_preload/tests/java/JvmWorkload.java
 echo "shared 2-core VM: absolute times are noise; read the ratios. $rounds rounds, medians."
 python3 - "$classes" "$jemalloc" "$mq" "$rounds" <<'PY'
 import re, statistics, subprocess, sys

@@ -61,11 +61,76 @@ int memquota_scope_detach(void);
 /* Reserves `bytes` for the scope (partial != 0: as much as its fair share allows);
  * allocations of its threads use the reservation before they charge anything new.
  * Returns the bytes granted, or -ENOMEM (refused, with a report), -EINVAL, or
- * -EDEADLK (from inside a spill or reclaim callback). */
+ * -EDEADLK (from inside a spill or reclaim callback). In a retry block (below) it
+ * waits for memory instead of failing, and returns -EAGAIN when the thread is rolled
+ * back, -E2BIG when it must split its input. */
 int64_t memquota_scope_reserve(uint64_t scope, uint64_t bytes, int partial);
 
 /* Gives back `bytes` the scope reserved. Returns 0. */
 int memquota_scope_release(uint64_t scope, uint64_t bytes);
+
+/* Retry blocks: work that completes under pressure (docs/scopes.md, "Retry blocks").
+ * Inside one, a reservation, or an allocation of MEMQUOTA_REFUSE_MIN or more (4 MiB
+ * by default), that does not fit after spills and reclaims waits for memory to be
+ * freed instead of failing; smaller allocations keep their rule.
+ * When every task is blocked the youngest is rolled back: its request fails, it frees
+ * what its attempt holds, calls memquota_retry_block() and runs the attempt again.
+ * When a task is the only one still short (or asks for more than the whole pool) it
+ * is told to split its input. A wait ends after 10 s at most with a plain refusal.
+ *
+ *     if (memquota_retry_begin(scope) != 0) ...;
+ *     for (;;) {
+ *         int64_t got = memquota_scope_reserve(scope, need, 0);   // or malloc
+ *         if (got >= 0) { work(); memquota_scope_release(scope, got); break; }
+ *         free_what_the_attempt_holds();
+ *         if (got == -EAGAIN && memquota_retry_block() == 0) continue;
+ *         if (got == -E2BIG) { split_the_input(); continue; }
+ *         fail();
+ *     }
+ *     memquota_retry_end();
+ */
+
+/* How deep retry blocks nest on one thread. */
+#define MEMQUOTA_RETRY_MAX_DEPTH 16
+/* Rollbacks a thread may go through in its outermost block before
+ * memquota_retry_block() gives up. */
+#define MEMQUOTA_MAX_RETRIES 500
+
+/* Begins a retry block on the calling thread: attaches it to `scope` until the block
+ * ends, and enters the retry machine (priority: the older task, by id then begin,
+ * goes first). Blocks nest. Returns 0, -EINVAL (the scope is not running), or
+ * -EOVERFLOW (nested deeper than MEMQUOTA_RETRY_MAX_DEPTH). */
+int memquota_retry_begin(uint64_t scope);
+
+/* Ends the calling thread's innermost retry block: the thread is attached again to
+ * the scope it was in when the block began (or to none). Returns 0, or -EPERM if the
+ * thread is in no retry block. A thread that exits inside a block leaves it. */
+int memquota_retry_end(void);
+
+/* After a rollback, once the attempt has freed what it held: waits until the thread
+ * may run its attempt again (until further notice: no older task is blocked and
+ * there is room for what the attempt failed on; bounded like every wait). Returns 0
+ * (at once if no rollback is pending): run the attempt again; -ENOMEM: the thread was
+ * rolled back more than MEMQUOTA_MAX_RETRIES times in its outermost block, give up;
+ * -EPERM: the thread is in no retry block. */
+int memquota_retry_block(void);
+
+/* memquota_last_refusal(): no rollback or split since the attempt began (a NULL then
+ * was a plain refusal, as outside a retry block). */
+#define MEMQUOTA_REFUSAL_NONE 0
+/* memquota_last_refusal(): rolled back (what -EAGAIN says): free what the attempt
+ * holds, call memquota_retry_block(), run the attempt again. */
+#define MEMQUOTA_REFUSAL_ROLLBACK 1
+/* memquota_last_refusal(): split the input and process each piece (what -E2BIG
+ * says). */
+#define MEMQUOTA_REFUSAL_SPLIT 2
+
+/* malloc and the rest keep their contract in a retry block (NULL and errno ENOMEM);
+ * this says how the calling thread's last refusal in its retry block went:
+ * MEMQUOTA_REFUSAL_ROLLBACK, MEMQUOTA_REFUSAL_SPLIT or MEMQUOTA_REFUSAL_NONE; -EPERM
+ * if the thread is in no retry block. A new attempt (memquota_retry_begin,
+ * memquota_retry_block) starts from MEMQUOTA_REFUSAL_NONE. */
+int memquota_last_refusal(void);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
 //! The `memquota_*` C ABI, declared in `include/memquota.h`.
 
-use crate::tls::FACE;
+use crate::tls::{self, FACE};
 use libc::{c_char, c_int, c_void, size_t};
-use memquota_core::face::{self, SliceWriter};
+use memquota_core::face::{self, Rollback, SliceWriter};
 use memquota_core::{Error, HeapBytes};
 use std::ffi::CStr;
 use std::fmt::Write;
@@ -169,14 +169,93 @@ pub extern "C" fn memquota_scope_detach() -> c_int {
 /// Reserves `bytes` for a scope; with `partial` non-zero, as much as its fair share
 /// allows. May spill consumers and wait (bounded) for memory to be freed. Returns the
 /// bytes granted, or `-ENOMEM` (refused, with an OOM report), `-EINVAL` (scope not
-/// running), `-EDEADLK` (called from a spill or reclaim callback).
+/// running), `-EDEADLK` (called from a spill or reclaim callback); in a retry block
+/// it blocks instead of failing, and returns `-EAGAIN` when the retry machine rolled
+/// the thread back, `-E2BIG` when it asks the thread to split its input.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_scope_reserve(scope: u64, bytes: u64, partial: c_int) -> i64 {
     match face::reserve_raw(&FACE, scope, bytes, 0, partial != 0) {
         Ok(granted) => i64::try_from(granted).unwrap_or(i64::MAX),
         Err(Error::ScopeEnded) => -i64::from(libc::EINVAL),
         Err(Error::ReserveInSpill { .. }) => -i64::from(libc::EDEADLK),
+        Err(Error::RetryOom) => -i64::from(libc::EAGAIN),
+        Err(Error::SplitAndRetryOom) => -i64::from(libc::E2BIG),
         Err(_) => -i64::from(libc::ENOMEM),
+    }
+}
+
+// ---- retry blocks (docs/scopes.md, "Retry blocks") ---------------------------------
+
+/// `memquota_last_refusal`: no rollback or split since the attempt began (a null
+/// from malloc then was a plain refusal).
+pub const MEMQUOTA_REFUSAL_NONE: c_int = 0;
+/// `memquota_last_refusal`: rolled back; free what the attempt holds, call
+/// `memquota_retry_block`, run the attempt again.
+pub const MEMQUOTA_REFUSAL_ROLLBACK: c_int = 1;
+/// `memquota_last_refusal`: split the input and process each piece.
+pub const MEMQUOTA_REFUSAL_SPLIT: c_int = 2;
+
+/// Begins a retry block on the calling thread: attaches it to `scope` (until the
+/// block ends) and enters the retry machine; blocks nest. Returns 0, `-EINVAL` (scope
+/// not running), or `-EOVERFLOW` (blocks nested deeper than
+/// [`tls::RETRY_MAX_DEPTH`]).
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_retry_begin(scope: u64) -> c_int {
+    let nest = &tls::slot().retry;
+    if nest.full() {
+        return -libc::EOVERFLOW;
+    }
+    match face::retry_begin_raw(&FACE, scope) {
+        Ok(prev) => {
+            nest.push(prev);
+            0
+        }
+        Err(_) => -libc::EINVAL,
+    }
+}
+
+/// Ends the calling thread's innermost retry block: back to the scope it was
+/// attached to when the block began. Returns 0, or `-EPERM` if it is in none.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_retry_end() -> c_int {
+    match tls::slot().retry.pop() {
+        Some(prev) => {
+            face::retry_end_raw(&FACE, prev);
+            0
+        }
+        None => -libc::EPERM,
+    }
+}
+
+/// After a rollback (`-EAGAIN`, or a null with `MEMQUOTA_REFUSAL_ROLLBACK`), once the
+/// attempt freed what it held: waits until the thread may run its attempt again (no
+/// older task blocked, room for what it failed on). Returns 0 (at once if no rollback
+/// is pending): run the attempt; `-ENOMEM`: the thread rolled back more than
+/// `MEMQUOTA_MAX_RETRIES` times in its outermost block, give up; `-EPERM`: the
+/// thread is in no retry block.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_retry_block() -> c_int {
+    if !tls::slot().retry.inside() {
+        return -libc::EPERM;
+    }
+    match face::retry_block_raw(&FACE) {
+        Ok(()) => 0,
+        Err(_) => -libc::ENOMEM,
+    }
+}
+
+/// How the calling thread's last refusal in its retry block went:
+/// [`MEMQUOTA_REFUSAL_ROLLBACK`], [`MEMQUOTA_REFUSAL_SPLIT`], or
+/// [`MEMQUOTA_REFUSAL_NONE`]; `-EPERM` if it is in no retry block.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_last_refusal() -> c_int {
+    if !tls::slot().retry.inside() {
+        return -libc::EPERM;
+    }
+    match face::last_refusal_raw(&FACE) {
+        Some(Rollback::Retry) => MEMQUOTA_REFUSAL_ROLLBACK,
+        Some(Rollback::Split) => MEMQUOTA_REFUSAL_SPLIT,
+        None => MEMQUOTA_REFUSAL_NONE,
     }
 }
 

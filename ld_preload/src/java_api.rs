@@ -6,7 +6,8 @@ use crate::tls::FACE;
 use jni::objects::{JClass, JString};
 use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::JNIEnv;
-use memquota_core::{face, Error};
+use memquota_core::face::{self, Rollback};
+use memquota_core::Error;
 
 /// `MemQuota.statsJson()`.
 #[cfg_attr(not(test), no_mangle)]
@@ -105,7 +106,8 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeDetach(_: JNIEnv, _: JCla
 }
 
 /// `MemQuota.scopeReserve(long, long, boolean)`: a refusal is an `OutOfMemoryError`
-/// carrying the report.
+/// carrying the report; in a retry block, the retry machine's decisions are
+/// `RetryOOM` and `SplitAndRetryOOM`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_scopeReserve(
     mut env: JNIEnv,
@@ -122,6 +124,14 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeReserve(
         Ok(granted) => jlong::try_from(granted).unwrap_or(jlong::MAX),
         Err(Error::Refused { .. }) => {
             crate::jvm_gate::throw_refusal(&mut env);
+            0
+        }
+        Err(Error::RetryOom) => {
+            crate::jvm_gate::throw_rollback(&mut env, Rollback::Retry);
+            0
+        }
+        Err(Error::SplitAndRetryOom) => {
+            crate::jvm_gate::throw_rollback(&mut env, Rollback::Split);
             0
         }
         Err(e @ Error::ReserveInSpill { .. }) => {
@@ -145,3 +155,51 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeRelease(
 ) {
     face::release_raw(scope as u64, u64::try_from(bytes).unwrap_or(0), 0);
 }
+
+// ---- retry blocks: the primitives of `MemQuota.withRetry` / `withSplitRetry` ------
+
+/// `MemQuota.retryBegin(long)`: `memquota_retry_begin`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_retryBegin(mut env: JNIEnv, _: JClass, scope: jlong) {
+    if !crate::jvm_gate::remember_retry_classes(&mut env) {
+        return; // NoClassDefFoundError: no block begins
+    }
+    match crate::capi::memquota_retry_begin(scope as u64) {
+        0 => {}
+        e if e == -libc::EOVERFLOW => throw(
+            &mut env,
+            "java/lang/IllegalStateException",
+            "memquota: retry blocks nested too deep on this thread",
+        ),
+        _ => throw(&mut env, "java/lang/IllegalArgumentException", &Error::ScopeEnded.to_string()),
+    }
+}
+
+/// `MemQuota.retryEnd()`: `memquota_retry_end`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_retryEnd(mut env: JNIEnv, _: JClass) {
+    if crate::capi::memquota_retry_end() != 0 {
+        throw(&mut env, "java/lang/IllegalStateException", NOT_IN_A_BLOCK);
+    }
+}
+
+/// `MemQuota.retryBlock()`: `memquota_retry_block`; false: give up.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_retryBlock(mut env: JNIEnv, _: JClass) -> jboolean {
+    match crate::capi::memquota_retry_block() {
+        0 => 1,
+        e if e == -libc::EPERM => {
+            throw(&mut env, "java/lang/IllegalStateException", NOT_IN_A_BLOCK);
+            0
+        }
+        _ => 0,
+    }
+}
+
+/// `MemQuota.lastRefusal()`: `memquota_last_refusal`.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "system" fn Java_org_memquota_MemQuota_lastRefusal(_: JNIEnv, _: JClass) -> jint {
+    crate::capi::memquota_last_refusal()
+}
+
+const NOT_IN_A_BLOCK: &str = "memquota: this thread is in no retry block";

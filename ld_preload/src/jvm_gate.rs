@@ -12,12 +12,21 @@
 //! own native runs, in VM state, and its malloc is counted
 //! like every other: under [`Enforcement::Gates`](memquota_core::Enforcement) no
 //! malloc waits or is refused, since one made in VM state could hold up a safepoint.
+//!
+//! On a thread in a retry block (`MemQuota.withRetry`) the gate's request takes part
+//! in the retry machine: it blocks instead of failing, and when the machine rolls the
+//! thread back or tells it to split, the gate throws `org.memquota.RetryOOM` or
+//! `org.memquota.SplitAndRetryOOM` (both `OutOfMemoryError`s) instead of the plain
+//! error.
 
 use crate::tls::FACE;
+use jni::objects::{GlobalRef, JClass};
 use jni::sys::{jlong, jobject, JNIEnv};
 use libc::c_void;
-use memquota_core::face;
+use memquota_core::face::{self, Rollback};
+use memquota_core::Error;
 use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::OnceLock;
 use tikv_jemalloc_sys as jem;
 
 type Allocate = unsafe extern "system" fn(*mut JNIEnv, jobject, jlong) -> jlong;
@@ -101,15 +110,60 @@ unsafe extern "system" fn reallocate_memory0(
     moved
 }
 
-/// Throws `java.lang.OutOfMemoryError` with the refusal's report as its message.
+/// Throws what a refused gate throws: `RetryOOM` or `SplitAndRetryOOM` when the
+/// retry machine chose the thread, else `java.lang.OutOfMemoryError` with the
+/// refusal's report as its message.
 ///
 /// # Safety
 /// `env` is the calling thread's live JNIEnv.
 unsafe fn throw_oom(env: *mut JNIEnv) {
     // SAFETY: the caller's contract.
     if let Ok(mut env) = unsafe { jni::JNIEnv::from_raw(env) } {
-        throw_refusal(&mut env);
+        match face::last_refusal_raw(&FACE) {
+            Some(r) => throw_rollback(&mut env, r),
+            None => throw_refusal(&mut env),
+        }
     }
+}
+
+/// `org.memquota.RetryOOM` and `SplitAndRetryOOM`, found by `MemQuota`'s first
+/// `retryBegin`. The gate cannot look them up itself: a native's `FindClass` uses
+/// the loader of the class that declares it, and `Unsafe`'s is the boot loader,
+/// which does not see the application's classes.
+static RETRY_CLASSES: OnceLock<[GlobalRef; 2]> = OnceLock::new();
+
+/// Finds and keeps the retry errors' classes (from a native of `MemQuota`, whose
+/// loader sees them). False if one cannot be found: its `NoClassDefFoundError` is
+/// pending.
+pub(crate) fn remember_retry_classes(env: &mut jni::JNIEnv) -> bool {
+    if RETRY_CLASSES.get().is_some() {
+        return true;
+    }
+    let mut global = |name: &str| -> Option<GlobalRef> {
+        let class = env.find_class(name).ok()?;
+        env.new_global_ref(class).ok()
+    };
+    let Some(retry) = global("org/memquota/RetryOOM") else { return false };
+    let Some(split) = global("org/memquota/SplitAndRetryOOM") else { return false };
+    let _ = RETRY_CLASSES.set([retry, split]);
+    true
+}
+
+/// Throws `org.memquota.RetryOOM` or `SplitAndRetryOOM` for the retry machine's
+/// decision `r` (a plain `OutOfMemoryError` with the same message if their classes
+/// were never found).
+pub(crate) fn throw_rollback(env: &mut jni::JNIEnv, r: Rollback) {
+    let (k, message) = match r {
+        Rollback::Retry => (0, Error::RetryOom.to_string()),
+        Rollback::Split => (1, Error::SplitAndRetryOom.to_string()),
+    };
+    let _ = match RETRY_CLASSES.get() {
+        Some(classes) => {
+            let class: &JClass = classes[k].as_obj().into();
+            env.throw_new(class, &message)
+        }
+        None => env.throw_new("java/lang/OutOfMemoryError", &message),
+    };
 }
 
 /// Throws `java.lang.OutOfMemoryError` carrying the last refusal's report: how a

@@ -24,15 +24,59 @@ pub(crate) struct Slot {
     /// The block `free` is giving back, for its slow path's owner lookup (a store
     /// costs the fast path less than keeping the pointer live across the call).
     pub(crate) freeing: Cell<*mut libc::c_void>,
+    /// The thread's retry blocks begun through the C ABI or the Java class.
+    pub(crate) retry: RetryNest,
+}
+
+/// Retry blocks nest at most this deep on one thread (`MEMQUOTA_RETRY_MAX_DEPTH` in
+/// memquota.h).
+pub(crate) const RETRY_MAX_DEPTH: usize = 16;
+
+/// A thread's nested retry blocks: for each, the scope the thread was attached to
+/// before it began, which its end gives back (as the Rust guard's drop does).
+#[repr(C)]
+pub(crate) struct RetryNest {
+    depth: Cell<u32>,
+    prev: [Cell<u64>; RETRY_MAX_DEPTH],
+}
+
+impl RetryNest {
+    /// Whether another block would nest too deep.
+    pub(crate) fn full(&self) -> bool {
+        self.depth.get() as usize >= RETRY_MAX_DEPTH
+    }
+
+    /// Records a block that began with the thread attached to `prev` (ignored if
+    /// [`full`](Self::full)).
+    pub(crate) fn push(&self, prev: u64) {
+        let d = self.depth.get() as usize;
+        if d < RETRY_MAX_DEPTH {
+            self.prev[d].set(prev);
+            self.depth.set(d as u32 + 1);
+        }
+    }
+
+    /// The innermost block's `prev`, and it is gone; `None`: the thread is in none.
+    pub(crate) fn pop(&self) -> Option<u64> {
+        let d = (self.depth.get() as usize).checked_sub(1)?;
+        self.depth.set(d as u32);
+        Some(self.prev[d].get())
+    }
+
+    /// Whether the thread is in a retry block.
+    pub(crate) fn inside(&self) -> bool {
+        self.depth.get() > 0
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("the preload's initial-exec TLS access is written for x86_64");
 
-const SLOT: usize = 128;
+const SLOT: usize = 256;
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT && std::mem::align_of::<Slot>() <= 64);
 
-// A zero-filled, 64-byte-aligned TLS slot of SLOT bytes. All-zero bytes are a fresh `Slot`.
+// A zero-filled, 64-byte-aligned TLS slot of SLOT bytes. All-zero bytes are a fresh `Slot`
+// (and an empty `RetryNest`).
 // `.hidden`: shared by our object files, invisible to other modules.
 std::arch::global_asm!(
     ".pushsection .tbss,\"awT\",@nobits",
@@ -40,10 +84,11 @@ std::arch::global_asm!(
     ".globl memquota_preload_local",
     ".hidden memquota_preload_local",
     ".type memquota_preload_local,@object",
-    ".size memquota_preload_local,128",
+    ".size memquota_preload_local,{size}",
     "memquota_preload_local:",
-    ".zero 128",
+    ".zero {size}",
     ".popsection",
+    size = const SLOT,
 );
 
 /// The calling thread's ledger state.

@@ -12,17 +12,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The compiled classes: org.memquota.MemQuota and the workloads.
+/// The compiled classes: org.memquota's and the workloads.
 fn classes() -> &'static Path {
     static CLASSES: OnceLock<PathBuf> = OnceLock::new();
     CLASSES.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let out = std::env::temp_dir().join(format!("memquota-jvm-tests-{}", std::process::id()));
         std::fs::create_dir_all(&out).unwrap();
+        let package = root.join("../java/org/memquota");
         let javac = Command::new("javac")
             .arg("-d")
             .arg(&out)
-            .arg(root.join("../java/org/memquota/MemQuota.java"))
+            .args(["MemQuota.java", "RetryOOM.java", "SplitAndRetryOOM.java"].map(|f| package.join(f)))
             .arg(root.join("tests/java/JvmWorkload.java"))
             .output()
             .expect("javac is missing: scripts/test.sh installs a JDK");
@@ -308,4 +309,48 @@ fn task_scopes_from_java_attach_reserve_refuse_and_report_leaks() {
     // helper, are what the scope still held: 32 MiB and the allocator's rounding.
     let leaked = number_after(&stdout, "managed memory leak detected: ");
     assert!((32..33).contains(&leaked), "leaked {leaked} MiB: {}", said(&out));
+}
+
+/// Issue 11: a task in `MemQuota.withRetry` under the agent gets `RetryOOM`, rolls
+/// back and completes. Two tasks each hold a 64 MiB block of `Unsafe` memory and ask
+/// for a second under a limit set 2.5 blocks above what is counted (the heap cannot
+/// move: -Xms equals -Xmx), so neither second block fits and both tasks are blocked:
+/// the retry machine rolls the younger back, the older gets its second block first
+/// (the younger's attempt cannot start again until it frees both), then the younger
+/// runs its attempt again and completes. Nothing is refused.
+#[test]
+fn a_task_in_with_retry_gets_retry_oom_rolls_back_and_completes() {
+    let flags = ["-XX:+UseG1GC", "-Xms128m", "-Xmx128m"];
+    let out = java(&flags, "limit=4g", &["JvmWorkload", "retry", "64"]);
+    assert_ok(&out, "retry");
+    let stdout = text(&out.stdout);
+    for line in [
+        "end outside a block: memquota: this thread is in no retry block",
+        "last refusal outside a block: -1",
+        "task 0 2 blocks attempts 1 rolled back 0",
+        "task 1 2 blocks attempts 2 rolled back 1",
+        "caught org.memquota.RetryOOM is an OutOfMemoryError: true: memquota: rolled back",
+        "second blocks granted in order [0, 1]",
+    ] {
+        assert!(stdout.contains(line), "no {line:?} in {}", said(&out));
+    }
+    assert_eq!(stat(&stdout, "retry_total_retry"), 1, "{}", said(&out));
+    assert!(stat(&stdout, "retry_waits_total") >= 2, "both tasks waited: {}", said(&out));
+    assert_eq!(stat(&stdout, "retry_total_split"), 0, "{}", said(&out));
+    assert_eq!(stat(&stdout, "retry_timeouts_total"), 0, "{}", said(&out));
+    assert_eq!(stat(&stdout, "oom_total"), 0, "{}", said(&out));
+}
+
+/// `MemQuota.withSplitRetry` under the agent: 64 rows of 4 MiB under a limit 40 rows
+/// above what is counted, one task: the gate throws `SplitAndRetryOOM` (no other task
+/// can free anything) and the rows come back in two pieces, in order.
+#[test]
+fn with_split_retry_from_java_processes_pieces_in_order() {
+    let flags = ["-XX:+UseG1GC", "-Xms128m", "-Xmx128m"];
+    let out = java(&flags, "limit=4g", &["JvmWorkload", "split", "4"]);
+    assert_ok(&out, "split");
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("pieces 0..32 32..64\n"), "{}", said(&out));
+    assert_eq!(stat(&stdout, "retry_total_split"), 1, "{}", said(&out));
+    assert_eq!(stat(&stdout, "retry_timeouts_total") + stat(&stdout, "oom_total"), 0, "{}", said(&out));
 }

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 struct Built {
     probe: PathBuf,
     scopes: PathBuf,
+    retry: PathBuf,
     tls_lib: PathBuf,
     cxx: PathBuf,
 }
@@ -33,10 +34,12 @@ fn built() -> &'static Built {
         let b = Built {
             probe: out.join("probe"),
             scopes: out.join("scopes"),
+            retry: out.join("retry"),
             tls_lib: out.join("libtls.so"),
             cxx: out.join("cxx"),
         };
         cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
+        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-w", "-pthread", "probe.c", "-o", b.probe.to_str().unwrap(), "-ldl"]);
         cc("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c", "-o", b.tls_lib.to_str().unwrap()]);
         cc("g++", &["-O1", "-std=c++17", "cxx.cc", "-o", b.cxx.to_str().unwrap()]);
@@ -251,6 +254,76 @@ fn scopes_through_the_c_abi() {
     assert_eq!(value("attach_ended"), libc::EINVAL.to_string());
     assert_eq!(value("reserve_ended"), (-libc::EINVAL).to_string());
     assert_eq!(value("conversion_leaked"), "0", "{stdout}");
+}
+
+/// Issue 11: retry blocks from C, with the defaults a user gets. Four tasks, each in a
+/// retry block, hold 32 MiB beside 100 MiB held outside any scope under 256 MiB, then
+/// each asks for 32 MiB more (a barrier makes every task hold its first before any
+/// asks): none fits, every task is blocked, and the youngest is rolled back, seen as
+/// `-EAGAIN` from `memquota_scope_reserve` in one round and as a null from malloc
+/// with `memquota_last_refusal() == MEMQUOTA_REFUSAL_ROLLBACK` in the other; it frees
+/// its first block, waits in `memquota_retry_block` and completes; every task does.
+/// Then one task's input that cannot fit splits (`-E2BIG`) into pieces that do,
+/// in order; a malloc bigger than the pool is a null with `MEMQUOTA_REFUSAL_SPLIT`,
+/// and a later plain refusal reads as `MEMQUOTA_REFUSAL_NONE`. Also the edges: codes
+/// outside a block, an ended scope, nesting, depth, a thread exiting inside a block.
+#[test]
+fn retry_blocks_through_the_c_abi_roll_back_split_and_complete() {
+    let out = preloaded(&built().retry, &[], &[("MEMQUOTA_LIMIT", "256m")]);
+    assert_ok(&out, "retry");
+    let stdout = text(&out.stdout);
+    let value = |key: &str| -> String {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"));
+        line[key.len() + 1..].to_owned()
+    };
+    let field = |line: &str, name: &str| -> i64 {
+        let at =
+            line.find(&format!("{name} ")).unwrap_or_else(|| panic!("no {name} in {line}")) + name.len() + 1;
+        line[at..].split(' ').next().unwrap().parse().unwrap()
+    };
+    let stat = |name: &str| -> u64 {
+        let json = value("stats");
+        let key = format!("\"{name}\":");
+        let at = json.find(&key).unwrap_or_else(|| panic!("no {key} in {json}")) + key.len();
+        json[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    // The edges. The 3 MiB block taken after three nested blocks ended went to the
+    // scope the thread was in before them.
+    assert_eq!(value("nested_leaked"), format!("{},0", 3 << 20), "{stdout}");
+    assert_eq!(value("max_depth"), "16");
+    assert_eq!(value("exited_inside"), "running 0 blocks 0", "the exited thread's slot is free");
+    for round in ["reserve", "malloc"] {
+        let task = |i: usize| value(&format!("{round}_task{i}"));
+        // Which task gets memory first once the youngest gave way is a race between
+        // the woken ones (the machine ranks who may try, the account's CAS decides):
+        // not asserted. Who rolls back is the machine's rule.
+        assert_eq!(field(&task(0), "rolled"), 0, "{round}: the oldest is never rolled back: {stdout}");
+        let youngest = task(3);
+        assert!(field(&youngest, "rolled") >= 1, "{round}: the youngest rolls back: {stdout}");
+        for i in 0..4 {
+            assert_eq!(field(&task(i), "attempts"), field(&task(i), "rolled") + 1, "{stdout}");
+        }
+        if round == "malloc" {
+            assert_eq!(field(&youngest, "errno"), i64::from(libc::ENOMEM), "malloc keeps its contract");
+        }
+    }
+    assert_eq!(value("pieces"), "0..32,32..64", "whole pieces, in order: {stdout}");
+    assert_eq!(value("e2big"), "1");
+    let (split, none) = (2, 0); // MEMQUOTA_REFUSAL_SPLIT, MEMQUOTA_REFUSAL_NONE
+    assert_eq!(
+        value("huge"),
+        format!("null errno {} why {split} after_block {none}", libc::ENOMEM),
+        "{stdout}"
+    );
+    assert_eq!(value("plain"), format!("null why {none}"), "a plain refusal is not a split: {stdout}");
+    // Every task completed: no watchdog, and the one refusal is the plain one above.
+    assert!(stat("retry_total_retry") >= 2, "{stdout}");
+    assert_eq!(stat("retry_timeouts_total"), 0, "{stdout}");
+    assert_eq!(stat("oom_total"), 1, "{stdout}");
+    assert_eq!(stat("retry_threads_running") + stat("blocked_threads"), 0, "every block ended");
 }
 
 #[test]

@@ -75,17 +75,6 @@ pub(crate) fn this_thread() -> Option<&'static Local> {
     (face().local)()
 }
 
-/// Exempts the calling thread from the policy for the rest of its life: its
-/// allocations are charged but never refused and never wait for a reclaim. For
-/// memquota's own service threads, which never flush on their own: each of their
-/// allocations and frees goes straight to the account (slack 0), so the process is
-/// exact at quiescence without them.
-pub(crate) fn exempt_this_thread() {
-    if let Some(l) = this_thread() {
-        exempt(l);
-    }
-}
-
 /// Starts one of memquota's own service threads, exempt from the policy before its
 /// first allocation. The thread is unnamed for std, whose start-up code otherwise
 /// copies the name on the new thread, an infallible allocation made before `body`
@@ -105,8 +94,13 @@ pub fn spawn_service(name: &str, body: impl FnOnce() + Send + 'static) -> std::i
         .map(drop)
 }
 
-/// [`exempt_this_thread`] for a thread whose state the caller holds.
-pub fn exempt(l: &Local) {
+/// Exempts the calling thread from the policy for the rest of its life: its
+/// allocations are charged but never refused and never wait for a reclaim. For
+/// memquota's own service threads, which never flush on their own: each of their
+/// allocations and frees goes straight to the account (slack 0), so the process is
+/// exact at quiescence without them.
+fn exempt_this_thread() {
+    let Some(l) = this_thread() else { return };
     if l.phase.get() == Phase::Fresh {
         // Registered like any thread, so that its exit is accounted for.
         let registered = face();
@@ -187,6 +181,9 @@ pub struct Local {
     /// The thread's slot in the retry machine plus one (0: not in a retry block).
     /// Read on the slow path only.
     retry: Cell<u32>,
+    /// Bytes a gate in a retry block charged to the thread's scope and the account
+    /// for the allocation that follows it ([`prepay_scoped`]).
+    prepaid_scoped: Cell<u64>,
 }
 
 impl Local {
@@ -202,6 +199,7 @@ impl Local {
             busy: Cell::new(false),
             scope: Cell::new(0),
             retry: Cell::new(0),
+            prepaid_scoped: Cell::new(0),
         }
     }
 }
@@ -334,6 +332,27 @@ pub(crate) fn take_prepaid(l: &Local) -> u64 {
     l.prepaid.replace(0)
 }
 
+/// Records that a gate in a retry block charged `bytes` to the thread's scope and to
+/// the account for the allocation that follows on this thread.
+pub(crate) fn prepay_scoped(l: &Local, bytes: u64) {
+    l.prepaid_scoped.set(l.prepaid_scoped.get().saturating_add(bytes));
+}
+
+/// Takes up to `bytes` of the thread's scoped prepaid charge; returns what it took.
+pub(crate) fn use_prepaid_scoped(l: &Local, bytes: u64) -> u64 {
+    let have = l.prepaid_scoped.get();
+    let took = have.min(bytes);
+    l.prepaid_scoped.set(have - took);
+    took
+}
+
+/// Takes what is left of the thread's scoped prepaid charge; returns the change the
+/// account must see to give it back (to the thread's scope, and the process).
+pub(crate) fn give_back_prepaid_scoped(l: &Local) -> i64 {
+    let left = i64::try_from(l.prepaid_scoped.replace(0)).unwrap_or(i64::MAX);
+    tables::attribute(l.scope.get(), -left)
+}
+
 /// The raw handle of the thread's scope (0: none).
 pub(crate) fn scope_of(l: &Local) -> u64 {
     l.scope.get()
@@ -368,10 +387,18 @@ pub fn thread_exit(l: &Local) {
     if l.phase.replace(Phase::Exited) == Phase::Live {
         LIVE_THREADS.fetch_sub(1, Relaxed);
     }
+    let back = give_back_prepaid_scoped(l);
     let scope = l.scope.replace(0);
     let prepaid = i64::try_from(take_prepaid(l)).unwrap_or(i64::MAX);
-    ACCOUNT.add(tables::attribute(scope, take_delta(l)) - prepaid);
+    ACCOUNT.add(tables::attribute(scope, take_delta(l)) - prepaid + back);
     tables::thread_exited(scope);
+    // A thread that exits inside a retry block (a C or Java caller that never ended
+    // it) gives its slot back: the machine would count it as running for ever.
+    if let Some(i) = retry_slot(l) {
+        set_retry_slot(l, None);
+        tables::retry::machine().free(i);
+        tables::signal::wake();
+    }
     l.tight.set(false);
     set_allowance(l, 0);
 }

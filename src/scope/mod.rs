@@ -23,7 +23,10 @@ mod spill;
 
 pub use figures::{ConsumerStats, ScopeAccount, ScopeReport, ScopeSnapshot, ScopeStats};
 pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
-pub use retry::{with_retry, with_split_retry, MAX_RETRIES};
+pub use retry::{
+    last_refusal_raw, retry_begin_raw, retry_block_raw, retry_end_raw, with_retry, with_split_retry,
+    MAX_RETRIES,
+};
 
 use crate::error::{Error, Result};
 use crate::ledger::{self, Face, ACCOUNT};
@@ -39,6 +42,26 @@ pub(crate) fn admit_attached(l: &ledger::Local, face: &Face, handle: u64, bytes:
         admit::Outcome::Granted(_) => true,
         admit::Outcome::Refused | admit::Outcome::Rolled(_) | admit::Outcome::Short => false,
         admit::Outcome::Ended => crate::admission::admit(l, face, bytes),
+    }
+}
+
+/// A gate's request (`make_room`) of `bytes` on a thread in a retry block (busy):
+/// admitted by the thread's scope like an allocation (share, spills, blocking, the
+/// retry machine) and charged there and to the process, for the allocation that
+/// follows to use up. `None`: the thread is in no retry block, or its scope ended:
+/// the process's gate decides.
+pub(crate) fn gate_in_block(l: &ledger::Local, face: &Face, bytes: u64) -> Option<bool> {
+    let handle = ledger::scope_of(l);
+    if handle == 0 || !retry::in_block(l) {
+        return None;
+    }
+    match admit::acquire(l, face, handle, Ask::Alloc(bytes), false) {
+        admit::Outcome::Granted(granted) => {
+            ledger::prepay_scoped(l, granted);
+            Some(true)
+        }
+        admit::Outcome::Ended => None,
+        admit::Outcome::Refused | admit::Outcome::Rolled(_) | admit::Outcome::Short => Some(false),
     }
 }
 

@@ -8,9 +8,10 @@
 //! with the report, as outside a retry block. See docs/scopes.md, "Retry blocks".
 
 use super::handles::{AttachGuard, TaskScope};
+use super::{attach_raw, detach_raw};
 use crate::error::{Error, Result};
 use crate::heap_probe;
-use crate::ledger::{self, Local, ACCOUNT};
+use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::settings::quota;
 use crate::tables::pool::POOL;
 use crate::tables::retry::{active_tasks, machine, rank_of, Active, Machine, Rollback, State};
@@ -219,6 +220,55 @@ impl Drop for Yielding {
     }
 }
 
+/// An attempt begins on slot `i`: it runs, with no refusal yet.
+fn start_attempt(i: usize) {
+    let mut m = machine();
+    m.set(i, State::Running);
+    m.set_last(i, None);
+}
+
+/// After slot `i`'s attempt rolled back, its `rollbacks`-th time: waits until further
+/// notice, then lets it run again; past [`MAX_RETRIES`], gives up.
+fn wait_to_retry(l: &Local, i: usize, task: u64, rollbacks: u32) -> Result<()> {
+    if rollbacks > MAX_RETRIES {
+        machine().totals.retry_limit += 1;
+        return Err(Error::RetryOom);
+    }
+    wait_until_further_notice(l, i, task);
+    machine().totals.retries += 1;
+    Ok(())
+}
+
+/// Enters the machine for a retry block on scope `handle`: a slot for the thread's
+/// outermost block (none if the table is full: its requests are then refused as
+/// outside a block), the same slot one level deeper for a nested one.
+fn enter_machine(l: &Local, handle: u64) -> Result<Option<usize>> {
+    match ledger::retry_slot(l) {
+        Some(i) => {
+            machine().nest(i);
+            Ok(Some(i))
+        }
+        None => {
+            let rank = rank_of(handle).ok_or(Error::ScopeEnded)?;
+            let slot = machine().register(handle, rank);
+            ledger::set_retry_slot(l, slot);
+            Ok(slot)
+        }
+    }
+}
+
+/// Leaves one level of the thread's retry blocks; the slot is freed with the
+/// outermost.
+fn leave_machine(l: &Local, slot: Option<usize>) {
+    if let Some(i) = slot {
+        if machine().leave(i) {
+            ledger::set_retry_slot(l, None);
+        }
+        // Others may wait on this thread's task being blocked; it no longer is.
+        signal::wake();
+    }
+}
+
 /// The calling thread inside a retry block: attached to the scope, with a slot in the
 /// machine (or none if its table is full: then requests are refused as outside).
 struct Block {
@@ -233,18 +283,7 @@ impl Block {
         let attached = scope.attach()?;
         let l = ledger::this_thread().ok_or(Error::ScopeEnded)?;
         let handle = scope.handle().as_raw();
-        let slot = match ledger::retry_slot(l) {
-            Some(i) => {
-                machine().nest(i);
-                Some(i)
-            }
-            None => {
-                let rank = rank_of(handle).ok_or(Error::ScopeEnded)?;
-                let slot = machine().register(handle, rank);
-                ledger::set_retry_slot(l, slot);
-                slot
-            }
-        };
+        let slot = enter_machine(l, handle)?;
         Ok(Block { l, task: handle, slot, _attached: attached })
     }
 
@@ -254,9 +293,7 @@ impl Block {
         let mut rollbacks = 0;
         loop {
             if let Some(i) = self.slot {
-                let mut m = machine();
-                m.set(i, State::Running);
-                m.set_last(i, None);
+                start_attempt(i);
             }
             let i = match (f(), self.slot) {
                 (Err(Error::RetryOom), Some(i)) => i,
@@ -264,25 +301,14 @@ impl Block {
                 (result, _) => return result,
             };
             rollbacks += 1;
-            if rollbacks > MAX_RETRIES {
-                machine().totals.retry_limit += 1;
-                return Err(Error::RetryOom);
-            }
-            wait_until_further_notice(self.l, i, self.task);
-            machine().totals.retries += 1;
+            wait_to_retry(self.l, i, self.task, rollbacks)?;
         }
     }
 }
 
 impl Drop for Block {
     fn drop(&mut self) {
-        if let Some(i) = self.slot {
-            if machine().leave(i) {
-                ledger::set_retry_slot(self.l, None);
-            }
-            // Others may wait on this thread's task being blocked; it no longer is.
-            signal::wake();
-        }
+        leave_machine(self.l, self.slot);
     }
 }
 
@@ -342,11 +368,91 @@ pub fn with_split_retry<I, T>(
     Ok(done)
 }
 
-/// How the calling thread's last request in a retry block failed: `Some` for a
-/// rollback or a split, `None` otherwise (outside a retry block, or a refusal).
+/// How the calling thread's last refusal in a retry block went: `Some` for a
+/// rollback or a split, `None` otherwise (outside a retry block, a plain refusal, or
+/// none since the attempt began).
 pub(crate) fn last_refusal() -> Option<Rollback> {
-    let i = ledger::this_thread().and_then(ledger::retry_slot)?;
+    ledger::this_thread().and_then(last_refusal_of)
+}
+
+fn last_refusal_of(l: &Local) -> Option<Rollback> {
+    let i = ledger::retry_slot(l)?;
     machine().last(i)
+}
+
+// ---- the raw API the C ABI and the Java class wrap --------------------------------
+//
+// A C or Java caller has no guard: it begins and ends its blocks, and runs its attempt
+// again itself after a rollback. The calls below are `with_retry`'s pieces.
+
+/// Enters a retry block on the calling thread of `face`: attaches it to scope `handle`
+/// and enters the machine (one level deeper if it is in a block already); a new
+/// attempt begins. Returns the scope the thread was attached to before (0: none), to
+/// give back to [`retry_end_raw`].
+///
+/// # Errors
+/// [`Error::ScopeEnded`].
+pub fn retry_begin_raw(face: &'static Face, handle: u64) -> Result<u64> {
+    let l = (face.local)().ok_or(Error::ScopeEnded)?;
+    let prev = attach_raw(face, handle)?;
+    match enter_machine(l, handle) {
+        Ok(slot) => {
+            if let Some(i) = slot {
+                start_attempt(i);
+            }
+            Ok(prev)
+        }
+        Err(e) => {
+            detach_raw(face, prev);
+            Err(e)
+        }
+    }
+}
+
+/// Leaves the calling thread's innermost retry block (begun with
+/// [`retry_begin_raw`], which returned `prev`): out of the machine with the
+/// outermost, and back to scope `prev`.
+pub fn retry_end_raw(face: &'static Face, prev: u64) {
+    if let Some(l) = (face.local)() {
+        leave_machine(l, ledger::retry_slot(l));
+    }
+    detach_raw(face, prev);
+}
+
+/// After a rollback (a request that failed with [`Error::RetryOom`]) and once the
+/// attempt has freed what it held: waits until further notice (BUFN), until there is
+/// room for what the attempt failed on and no older task is blocked, then a new
+/// attempt begins. Returns at once, the attempt beginning, when no rollback is pending
+/// (or the thread is in no block the machine knows).
+///
+/// # Errors
+/// [`Error::RetryOom`] past [`MAX_RETRIES`] rollbacks since the thread's outermost
+/// block began: give up.
+pub fn retry_block_raw(face: &'static Face) -> Result<()> {
+    let Some(l) = (face.local)() else { return Ok(()) };
+    let Some(i) = ledger::retry_slot(l) else { return Ok(()) };
+    let (task, rollbacks) = {
+        let mut m = machine();
+        if m.state(i) != State::RollingBack {
+            drop(m);
+            start_attempt(i);
+            return Ok(());
+        }
+        (m.task(i), m.count_rollback(i))
+    };
+    if let Err(e) = wait_to_retry(l, i, task, rollbacks) {
+        machine().set(i, State::Running); // it gives up and runs on, to its end
+        return Err(e);
+    }
+    start_attempt(i);
+    Ok(())
+}
+
+/// How the last refusal on the calling thread of `face` in its retry block went: a
+/// rollback, a split, or `None` (a plain refusal, none since the attempt began, or
+/// the thread is in no block the machine knows).
+pub fn last_refusal_raw(face: &'static Face) -> Option<Rollback> {
+    (face.local)().and_then(last_refusal_of)
 }
 
 /// A failed `try_reserve` as memquota's error, so `?` works inside [`with_retry`]:

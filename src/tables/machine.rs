@@ -116,13 +116,25 @@ struct Slot {
     attempt: u64,
     /// Nested retry blocks on this thread.
     depth: u32,
-    /// How its last request in the block failed.
+    /// How its last refusal in the block went: a rollback, a split, or (`None`) a
+    /// plain refusal or none since its attempt began.
     last: Option<Rollback>,
+    /// Rollbacks since its outermost block began: the bound of the raw API
+    /// (`retry_block_raw`), whose attempts are the caller's loop.
+    rollbacks: u32,
 }
 
 impl Slot {
-    const FREE: Slot =
-        Slot { state: State::Free, task: 0, rank: (0, 0), need: 0, attempt: 0, depth: 0, last: None };
+    const FREE: Slot = Slot {
+        state: State::Free,
+        task: 0,
+        rank: (0, 0),
+        need: 0,
+        attempt: 0,
+        depth: 0,
+        last: None,
+        rollbacks: 0,
+    };
 }
 
 /// What the deadlock rule decided.
@@ -181,11 +193,29 @@ impl Machine {
         if s.depth > 0 {
             return false;
         }
-        *s = Slot::FREE;
+        self.free(i);
+        true
+    }
+
+    /// Frees slot `i` whatever its depth: its thread exited inside a block.
+    pub fn free(&mut self, i: usize) {
+        self.slots[i] = Slot::FREE;
         while self.high > 0 && self.slots[self.high - 1].state == State::Free {
             self.high -= 1;
         }
-        true
+    }
+
+    /// The task slot `i` last blocked for (or entered its first block for).
+    pub fn task(&self, i: usize) -> u64 {
+        self.slots[i].task
+    }
+
+    /// Counts a rollback of slot `i`'s attempt; returns the rollbacks since its
+    /// outermost block began.
+    pub fn count_rollback(&mut self, i: usize) -> u32 {
+        let s = &mut self.slots[i];
+        s.rollbacks = s.rollbacks.saturating_add(1);
+        s.rollbacks
     }
 
     /// Slot `i`'s state.
@@ -206,13 +236,13 @@ impl Machine {
         self.totals.waits += u64::from(first);
     }
 
-    /// Records how slot `i`'s request failed (`None`: it did not, or was refused as
-    /// outside a retry block).
+    /// Records how slot `i`'s last refusal went (`None`: a plain refusal, as outside
+    /// a retry block, or none since its attempt began).
     pub fn set_last(&mut self, i: usize, last: Option<Rollback>) {
         self.slots[i].last = last;
     }
 
-    /// How slot `i`'s last request failed.
+    /// How slot `i`'s last refusal went.
     pub fn last(&self, i: usize) -> Option<Rollback> {
         self.slots[i].last
     }
@@ -401,9 +431,16 @@ mod tests {
         let mut m = Machine::new();
         let a = m.register(1, (1, 1)).unwrap();
         m.nest(a);
+        assert_eq!((m.count_rollback(a), m.count_rollback(a)), (1, 2));
         assert!(!m.leave(a));
         assert!(m.leave(a));
         assert_eq!(m.register(2, (2, 2)), Some(a));
+        assert_eq!(m.count_rollback(a), 1, "a new block counts from zero");
         assert_eq!(m.totals.blocks_entered, 3);
+        // A thread that exits inside nested blocks frees its slot at once.
+        m.nest(a);
+        m.free(a);
+        assert_eq!(m.counts().iter().sum::<u64>(), 0);
+        assert_eq!(m.register(3, (3, 3)), Some(a));
     }
 }

@@ -129,6 +129,14 @@ impl Scope {
         self.live && !self.yields() && self.busy()
     }
 
+    /// Whether the scope takes part in a share among `among`.
+    fn counts(&self, among: Among) -> bool {
+        match among {
+            Among::Begun => self.competes(),
+            Among::Busy => self.competes_busy(),
+        }
+    }
+
     /// The charge for `used` allocated and `reserved` reserved bytes.
     pub(crate) fn held_for(used: i64, reserved: i64) -> i64 {
         used.saturating_add(reserved.saturating_sub(used.max(0)).max(0))
@@ -219,6 +227,10 @@ pub(crate) enum Among {
     Busy,
 }
 
+impl Among {
+    const ALL: [Among; 2] = [Among::Begun, Among::Busy];
+}
+
 /// Spark's ExecutionMemoryPool rule for one scope among `active`: it may hold up to
 /// `pool / active` (and its own cap), and one below `pool / (2 * active)` that cannot
 /// get memory waits instead of failing. Pure arithmetic.
@@ -251,10 +263,8 @@ pub(crate) struct Pool {
     consumers: [Consumer; MAX_CONSUMERS],
     /// Live scopes.
     live: u32,
-    /// Scopes that take part in the fair share (`Scope::competes`).
-    competing: u32,
-    /// Scopes that take part in the share retry blocks see (`Scope::competes_busy`).
-    competing_busy: u32,
+    /// Scopes that take part in each share (`Scope::counts`), indexed by `Among`.
+    competing: [u32; 2],
     held_sum: i64,
     /// The execution pool in bytes; 0: the process limit.
     pool_bytes: i64,
@@ -289,8 +299,7 @@ impl Pool {
             scopes: [Scope::EMPTY; MAX_SCOPES],
             consumers: [Consumer::EMPTY; MAX_CONSUMERS],
             live: 0,
-            competing: 0,
-            competing_busy: 0,
+            competing: [0; 2],
             held_sum: 0,
             pool_bytes: 0,
             next_gen: 1,
@@ -344,7 +353,7 @@ impl Pool {
         let gen = self.gen();
         self.scopes[i] = Scope { gen, live: true, id, priority, name: Name::new(name), ..Scope::EMPTY };
         self.live += 1;
-        self.competing += 1;
+        self.competing[Among::Begun as usize] += 1; // begun, not started: not busy
         self.totals.begun += 1;
         BEGUN.fetch_add(1, Relaxed);
         SCOPES_USED.store(true, Relaxed);
@@ -358,8 +367,9 @@ impl Pool {
         let slot = index(handle);
         self.scopes[slot].live = false;
         self.live -= 1;
-        self.competing -= u32::from(s.competes());
-        self.competing_busy -= u32::from(s.competes_busy());
+        for among in Among::ALL {
+            self.competing[among as usize] -= u32::from(s.counts(among));
+        }
         self.held_sum -= s.held;
         self.totals.ended += 1;
         self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
@@ -387,22 +397,14 @@ impl Pool {
     /// The share among the scopes that compete for the pool under `among`'s rule.
     pub(crate) fn share_among(&self, among: Among) -> Share {
         let pool = if self.pool_bytes > 0 { self.pool_bytes } else { crate::settings::quota().limit };
-        let active = match among {
-            Among::Begun => self.competing,
-            Among::Busy => self.competing_busy,
-        };
-        Share { pool, active, held_sum: self.held_sum }
+        Share { pool, active: self.competing[among as usize], held_sum: self.held_sum }
     }
 
     /// The share as scope `handle` sees it when it asks: a scope that asks competes,
     /// idle or not.
     pub(crate) fn share_for(&self, handle: u64, among: Among) -> Share {
         let mut share = self.share_among(among);
-        let counted = |s: &Scope| match among {
-            Among::Begun => s.competes(),
-            Among::Busy => s.competes_busy(),
-        };
-        if self.scope(handle).is_some_and(|s| !counted(s)) {
+        if self.scope(handle).is_some_and(|s| !s.counts(among)) {
             share.active += 1;
         }
         share
@@ -412,12 +414,13 @@ impl Pool {
     /// Returns what `change` returned; `None`: the scope has ended.
     fn with_count<R>(&mut self, handle: u64, change: impl FnOnce(&mut Scope) -> R) -> Option<R> {
         let s = self.scope_mut(handle)?;
-        let before = (s.competes(), s.competes_busy());
+        let before = Among::ALL.map(|among| s.counts(among));
         let r = change(s);
         s.started |= s.busy();
-        let after = (s.competes(), s.competes_busy());
-        self.competing = self.competing + u32::from(after.0) - u32::from(before.0);
-        self.competing_busy = self.competing_busy + u32::from(after.1) - u32::from(before.1);
+        let after = Among::ALL.map(|among| s.counts(among));
+        for k in 0..Among::ALL.len() {
+            self.competing[k] = self.competing[k] + u32::from(after[k]) - u32::from(before[k]);
+        }
         Some(r)
     }
 
@@ -448,8 +451,7 @@ impl Pool {
             s.attached = u32::from(s.live && key(s.gen, i) == survivor);
             s.yielding = 0;
         }
-        self.competing = self.scopes.iter().map(|s| u32::from(s.competes())).sum();
-        self.competing_busy = self.scopes.iter().map(|s| u32::from(s.competes_busy())).sum();
+        self.competing = Among::ALL.map(|among| self.scopes.iter().map(|s| u32::from(s.counts(among))).sum());
     }
 
     pub(crate) fn attach(&mut self, handle: u64) -> bool {
@@ -589,7 +591,7 @@ impl Pool {
             w,
             "  scopes           {} live, {} sharing the pool {}, share {} each (min {})",
             self.live,
-            self.competing,
+            self.competing[Among::Begun as usize],
             SignedSize(share.pool),
             SignedSize(share.max_per()),
             SignedSize(share.min_per())

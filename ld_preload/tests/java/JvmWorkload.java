@@ -10,7 +10,9 @@ import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
+import java.util.Collections;
 import org.memquota.MemQuota;
+import org.memquota.RetryOOM;
 
 /** The JVM tests' workloads, run under libmemquota.so as preload and agent. */
 public class JvmWorkload {
@@ -26,6 +28,8 @@ public class JvmWorkload {
             case "mixed": mixed(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "work": work(Integer.parseInt(args[1]), Integer.parseInt(args[2])); break;
             case "scopes": scopes(); break;
+            case "retry": retry(Integer.parseInt(args[1])); break;
+            case "split": split(Integer.parseInt(args[1])); break;
             case "stats": System.out.println("stats " + MemQuota.statsJson()); break;
             case "burst":
                 burst(Integer.parseInt(args[1]), Integer.parseInt(args[2]), Integer.parseInt(args[3]),
@@ -166,6 +170,128 @@ public class JvmWorkload {
             }
         }
         System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    static sun.misc.Unsafe theUnsafe() throws Exception {
+        java.lang.reflect.Field field = sun.misc.Unsafe.class.getDeclaredField("theUnsafe");
+        field.setAccessible(true);
+        return (sun.misc.Unsafe) field.get(null);
+    }
+
+    /** Sets the limit `extra` bytes above what the budget counts now. */
+    static long limitAbove(long extra) {
+        MemQuota.flush();
+        String s = MemQuota.statsJson();
+        long limit = stat(s, "native_bytes") + stat(s, "heap_committed_bytes") + extra;
+        MemQuota.setLimit(limit);
+        return limit;
+    }
+
+    /**
+     * Two tasks in MemQuota.withRetry, each holding a block of `blockMib` of Unsafe
+     * memory and then asking for a second. The limit is set, from the budget's own
+     * figures, 2.5 blocks above what is counted, and a barrier makes both hold their
+     * first block before either asks for its second: neither second block fits (half
+     * a block is left), every task is blocked, and the retry machine rolls the younger
+     * back. Its request throws RetryOOM; its attempt frees its first block (finally)
+     * and runs again once the older has freed both of its blocks. The heap must not move meanwhile
+     * (-Xms equal to -Xmx): it is counted too.
+     */
+    static void retry(int blockMib) throws Exception {
+        sun.misc.Unsafe unsafe = theUnsafe();
+        long block = (long) blockMib << 20;
+        try {
+            MemQuota.retryEnd();
+            System.out.println("unexpected: retryEnd outside a block");
+        } catch (IllegalStateException e) {
+            System.out.println("end outside a block: " + e.getMessage());
+        }
+        System.out.println("last refusal outside a block: " + MemQuota.lastRefusal());
+        limitAbove(2 * block + block / 2);
+        System.out.println("budget " + MemQuota.statsJson());
+        CyclicBarrier held = new CyclicBarrier(2);
+        int[] attempts = new int[2];
+        int[] rolled = new int[2];
+        String[] caught = new String[2];
+        List<Integer> granted = Collections.synchronizedList(new ArrayList<>());
+        List<Thread> ts = new ArrayList<>();
+        for (int t = 0; t < 2; t++) {
+            int me = t;
+            ts.add(started(() -> {
+                long scope = MemQuota.scopeBegin("retry-" + me, me, 0);
+                String result = MemQuota.withRetry(scope, () -> {
+                    attempts[me]++;
+                    long a = unsafe.allocateMemory(block);
+                    try {
+                        if (attempts[me] == 1) {
+                            await(held);
+                        }
+                        long b;
+                        try {
+                            b = unsafe.allocateMemory(block);
+                        } catch (RetryOOM e) {
+                            rolled[me]++;
+                            caught[me] = e.getClass().getName() + " is an OutOfMemoryError: "
+                                    + (e instanceof OutOfMemoryError) + ": " + e.getMessage();
+                            throw e;
+                        }
+                        granted.add(me); // holding both: the other cannot have its second now
+                        unsafe.freeMemory(b);
+                        return "2 blocks";
+                    } finally {
+                        unsafe.freeMemory(a);
+                    }
+                });
+                MemQuota.scopeEnd(scope);
+                System.out.println("task " + me + " " + result + " attempts " + attempts[me] + " rolled back "
+                        + rolled[me]);
+            }));
+        }
+        for (Thread th : ts) {
+            th.join();
+        }
+        for (String c : caught) {
+            if (c != null) {
+                System.out.println("caught " + c);
+            }
+        }
+        System.out.println("second blocks granted in order " + granted);
+        System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    /**
+     * One task in MemQuota.withSplitRetry over 64 rows of `rowMib` each: the limit is
+     * set, from the budget's own figures, 40 rows above what is counted, so the whole
+     * input never fits and no other task can free anything: the gate throws
+     * SplitAndRetryOOM and the rows are processed in pieces, in order.
+     */
+    static void split(int rowMib) throws Exception {
+        sun.misc.Unsafe unsafe = theUnsafe();
+        long row = (long) rowMib << 20;
+        limitAbove(40 * row);
+        long scope = MemQuota.scopeBegin("splitter", 1, 0);
+        List<int[]> pieces = MemQuota.withSplitRetry(scope, new int[] {0, 64},
+                r -> List.of(new int[] {r[0], (r[0] + r[1]) / 2}, new int[] {(r[0] + r[1]) / 2, r[1]}),
+                r -> {
+                    long p = unsafe.allocateMemory((r[1] - r[0]) * row);
+                    unsafe.freeMemory(p);
+                    return r;
+                });
+        MemQuota.scopeEnd(scope);
+        StringBuilder sb = new StringBuilder();
+        for (int[] r : pieces) {
+            sb.append(' ').append(r[0]).append("..").append(r[1]);
+        }
+        System.out.println("pieces" + sb);
+        System.out.println("stats " + MemQuota.statsJson());
+    }
+
+    static void await(CyclicBarrier b) {
+        try {
+            b.await();
+        } catch (Exception e) {
+            throw new RuntimeException(e);
+        }
     }
 
     static Thread started(Runnable body) {
