@@ -6,7 +6,7 @@ use crate::quota::Quota;
 use crate::reclaim;
 use crate::report;
 use crate::settings::{self, heap_mode, quota};
-use crate::stats::{ProcessAccount, JemallocStats, Stats};
+use crate::stats::{JemallocStats, ProcessAccount, Stats};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// A snapshot of the budget. Never allocates (unless a heap probe function does), and

@@ -610,7 +610,11 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
     memquota::set_limit(limit);
     r.grow_unchecked(200 * MIB);
     let account = memquota::process_account();
-    assert_eq!((account.headroom, account.limit, account.native), (0, limit, native() as u64), "past the limit");
+    assert_eq!(
+        (account.headroom, account.limit, account.native),
+        (0, limit, native() as u64),
+        "past the limit"
+    );
     let acc = h.account().unwrap();
     assert_eq!((acc.reserved, acc.held), (210 * MIB, 210 * MIB));
     assert!(memquota::stats().overcommit > 0);
