@@ -41,6 +41,16 @@ say "library mode: a Rust JNI library with its own budget in a JVM (jvm_lib/, it
 preload_so="$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/libmemquota.so"
 (cd jvm_lib && CARGO_TARGET_DIR=../target/jvm_lib MEMQUOTA_PRELOAD_SO="$preload_so" timeout 900 cargo test --release)
 
+say "DataFusion: memquota-datafusion (integrations/datafusion/, its own package and target dir; DataFusion takes 8-20 minutes to build on 2 cores, once)"
+# Unit tests, the queries under 64/128/256 MiB, a query too big to spill, two at once.
+(cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 2400 cargo test --release)
+# The README's DataFusion command runs to its end; a bad limit is a clear error, not a run.
+(cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 300 \
+    cargo run --release --example query -- --limit 128m >/dev/null)
+out=$(cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 60 \
+    cargo run -q --release --example query -- --limit abc 2>&1) && { echo "query --limit abc ran: $out" >&2; exit 1; }
+grep -q 'bad --limit "abc": expected a size' <<<"$out" || { echo "query --limit abc: $out" >&2; exit 1; }
+
 say "loom models of the reclaim coordinator and the account (separate target dir: --cfg loom)"
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" timeout 900 cargo test --release -p memquota --lib loom
 

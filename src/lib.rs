@@ -123,10 +123,10 @@ pub use {
     report::{last_report, set_report_hook, ReportHook},
     scope::{
         with_retry, with_split_retry, AttachGuard, Budget, BudgetStats, Consumer, ConsumerStats,
-        MemoryManager, Reservation, ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats, TaskScope,
-        MAX_RETRIES,
+        MemoryManager, Reservation, ScopeAccount, ScopeHandle, ScopeReport, ScopeSnapshot, ScopeStats,
+        TaskScope, MAX_RETRIES,
     },
     settings::{set_enforcement, set_limit, Enforcement},
-    snapshot::stats,
-    stats::{HeapBytes, JemallocStats, RetryStats, Stats},
+    snapshot::{process_account, report_now, stats},
+    stats::{HeapBytes, JemallocStats, ProcessAccount, RetryStats, Stats},
 };

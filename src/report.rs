@@ -248,12 +248,30 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
 }
 
 fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
+    writeln!(w, "memquota: allocation refused: {} requested", Size(r.requested))?;
+    write_figures(w, r)?;
+    match r.policy {
+        OnOom::Null => {
+            writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)")
+        }
+        OnOom::Abort => writeln!(w, "  policy           abort"),
+    }
+}
+
+/// The report's figures without its first line and its policy line, for a face that
+/// refuses on its own terms and words those itself (`snapshot::report_now`).
+pub(crate) fn render_figures(r: &Refusal) -> FixedBuf {
+    let mut buf = FixedBuf::new();
+    let _ = write_figures(&mut buf, r);
+    buf
+}
+
+fn write_figures(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     let s = &r.stats;
     let counted = match s.heap_mode {
         HeapMode::Committed => "committed",
         HeapMode::Used => "used",
     };
-    writeln!(w, "memquota: allocation refused: {} requested", Size(r.requested))?;
     writeln!(w, "  limit            {}  (soft threshold {})", Size(s.limit), Size(s.soft_limit))?;
     writeln!(
         w,
@@ -317,13 +335,7 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         Size(j.allocated),
         Size(j.active),
         Size(j.resident)
-    )?;
-    match r.policy {
-        OnOom::Null => {
-            writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)")
-        }
-        OnOom::Abort => writeln!(w, "  policy           abort"),
-    }
+    )
 }
 
 /// The loud line when memory memquota does not see is the largest part of the

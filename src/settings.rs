@@ -183,6 +183,9 @@ pub(crate) fn background_interval() -> Duration {
 /// Spaces background reclaims at least `gap` after the end of the previous reclaim,
 /// for a runtime whose reclaim is costly (the JVM driver sets its own). Synchronous
 /// reclaims keep the configured minimum interval.
+// Its one caller is the `jvm` feature's driver: a build without it (a plain Rust
+// program, memquota-datafusion) would warn.
+#[cfg_attr(not(feature = "jvm"), allow(dead_code))]
 pub(crate) fn set_background_interval(gap: Duration) {
     SETTINGS.background_interval_ms.store(ms(gap), Relaxed);
 }

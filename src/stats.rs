@@ -28,6 +28,21 @@ impl HeapBytes {
     }
 }
 
+/// The process account's main figures, read cheaply ([`process_account`](crate::process_account)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProcessAccount {
+    /// The hard limit (`u64::MAX`: none).
+    pub limit: u64,
+    /// Native bytes tracked (flushed).
+    pub native: u64,
+    /// What else counts against the limit: the heap figure, and untracked memory under
+    /// `MEMQUOTA_UNTRACKED=count`.
+    pub outside: u64,
+    /// Room left under the limit: `limit - native - outside`, 0 past it.
+    pub headroom: u64,
+}
+
 /// jemalloc's own view, refreshed (the heavy `epoch` advance) by [`stats`](crate::stats)
 /// and the OOM report only, never on the allocation path.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -580,6 +580,65 @@ fn partial_grants_for_explicit_reservations() {
     memquota::set_report_hook(memquota::face::write_stderr);
 }
 
+fn an_engine_pool_reads_the_account_and_grows_unchecked() {
+    // What memquota-datafusion's pool stands on: a cheap account with the share, the
+    // process budget, a reservation grown with no admission, and the report's figures
+    // written on demand without counting a refusal.
+    memquota::set_report_hook(quiet);
+    mm().set_pool(100 * MIB);
+    let a = mm().begin("engine-a", 1, 0).unwrap();
+    let b = mm().begin("engine-b", 2, 0).unwrap();
+    let (h, n0) = (a.handle(), native());
+    let acc = h.account().unwrap();
+    assert_eq!((acc.held, acc.allocated, acc.reserved, acc.share), (0, 0, 0, 50 * MIB));
+    let mut r = a.reserve(0).unwrap();
+    r.grow_unchecked(10 * MIB);
+    assert_eq!(native() - n0, 10 << 20, "counted in the process at once");
+    assert_eq!(b.handle().account().unwrap().share, 50 * MIB, "both compete");
+    // Covered by allocations: the account grows by what passes the reservation only.
+    let g = a.attach().unwrap();
+    let p = alloc(BIG + (8 << 20));
+    memquota::flush_thread();
+    drop(g);
+    let acc = h.account().unwrap();
+    assert_eq!((acc.reserved, acc.allocated), (10 * MIB, BIG as i64 + (8 << 20)));
+    assert_eq!(acc.held, BIG as u64 + 8 * MIB);
+    assert_eq!(native() - n0, acc.held as i64);
+    // Past the share and the limit alike: never refused, never waiting, never reported.
+    let ooms = memquota::stats().ooms;
+    let limit = native() as u64 + MIB;
+    memquota::set_limit(limit);
+    r.grow_unchecked(200 * MIB);
+    let account = memquota::process_account();
+    assert_eq!(
+        (account.headroom, account.limit, account.native),
+        (0, limit, native() as u64),
+        "past the limit"
+    );
+    let acc = h.account().unwrap();
+    assert_eq!((acc.reserved, acc.held), (210 * MIB, 210 * MIB));
+    assert!(memquota::stats().overcommit > 0);
+    let figures = memquota::report_now();
+    assert!(figures.contains("  limit ") && figures.contains("\"engine-a\""), "{figures}");
+    assert!(!figures.contains("allocation refused"), "{figures}");
+    assert_eq!(memquota::stats().ooms, ooms, "figures on demand are no refusal");
+    drop((figures, r));
+    memquota::set_limit(1 << 50);
+    let account = memquota::process_account();
+    assert_eq!(account.headroom, (1 << 50) - account.native - account.outside);
+    assert_eq!(native() - n0, BIG as i64 + (8 << 20), "released down to the allocations");
+    let g = a.attach().unwrap();
+    free(p, BIG + (8 << 20));
+    drop(g);
+    assert_eq!(native(), n0);
+    assert_eq!(b.handle().account().unwrap().share, 100 * MIB, "a finished scope does not compete");
+    assert!(!a.end().is_leak());
+    assert_eq!(h.account(), None, "an ended scope has no account");
+    b.end();
+    mm().set_pool(0);
+    memquota::set_report_hook(memquota::face::write_stderr);
+}
+
 /// Who shares the pool: a scope counts from its begin (tasks that start together share
 /// from the start) until it is idle after it started work (its memory released, no
 /// thread attached), as a Spark task leaves its pool when it releases its memory.
@@ -637,6 +696,10 @@ fn main() {
         ("a_thread_that_exits_attached_leaves_its_scope", a_thread_that_exits_attached_leaves_its_scope),
         ("a_refused_reservation_never_aborts", a_refused_reservation_never_aborts),
         ("partial_grants_for_explicit_reservations", partial_grants_for_explicit_reservations),
+        (
+            "an_engine_pool_reads_the_account_and_grows_unchecked",
+            an_engine_pool_reads_the_account_and_grows_unchecked,
+        ),
     ]);
     assert!(memquota::face::OWNED_MIN <= BIG as u64);
 }

@@ -97,6 +97,36 @@ impl ScopeStats {
     }
 }
 
+/// A scope's account now and the most its fair share lets it hold: a `Copy` read under
+/// the pool's lock, with no allocation, cheap enough for every request of an engine's
+/// memory pool that decides for itself ([`ScopeHandle::account`](crate::ScopeHandle::account)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScopeAccount {
+    /// What the scope is charged: the larger of `allocated` and `reserved`.
+    pub held: u64,
+    /// Bytes its threads allocated minus freed (flushed). May be negative when its
+    /// threads freed other scopes' small blocks.
+    pub allocated: i64,
+    /// Bytes reserved.
+    pub reserved: u64,
+    /// Its fair share of the pool (`pool / competing scopes`, itself counted), or its
+    /// cap if lower.
+    pub share: u64,
+}
+
+impl ScopeAccount {
+    pub(crate) fn new(s: &Scope, share: pool::Share) -> ScopeAccount {
+        let u = |v: i64| u64::try_from(v).unwrap_or(0);
+        ScopeAccount {
+            held: u(s.held),
+            allocated: s.used,
+            reserved: u(s.reserved),
+            share: u(share.max_per().min(s.cap)),
+        }
+    }
+}
+
 /// One consumer's figures.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

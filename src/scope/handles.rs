@@ -3,12 +3,13 @@
 //! They own nothing in the manager: each is a key into its tables, stale (harmlessly)
 //! once the scope ends.
 
-use super::figures::{snapshot, ConsumerStats, ScopeReport, ScopeStats};
+use super::figures::{snapshot, ConsumerStats, ScopeAccount, ScopeReport, ScopeStats};
 use super::spill::{self, SpillFn};
 use super::{attach_raw, detach_raw, end_raw, release_raw, reserve_raw};
 use crate::error::{Error, Result};
 use crate::ledger::Face;
-use crate::tables::pool::POOL;
+use crate::ledger::ACCOUNT;
+use crate::tables::pool::{Among, Ask, POOL};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -128,6 +129,16 @@ impl ScopeHandle {
         POOL.lock().scope(self.0).is_some()
     }
 
+    /// The scope's account and share now (`None` once it ended). Never allocates: cheap
+    /// enough for every request of an engine's memory pool that decides on its own
+    /// (memquota-datafusion). Attached threads' unflushed bytes are not in it.
+    pub fn account(self) -> Option<ScopeAccount> {
+        let p = POOL.lock();
+        // The share as the scope sees it when it asks: a scope that asks competes.
+        let share = p.share_for(self.0, Among::Begun);
+        p.scope(self.0).map(|s| ScopeAccount::new(s, share))
+    }
+
     /// Attaches the calling thread: its allocations are charged to the scope until
     /// the guard drops, which puts the thread back in its previous scope. The thread's
     /// unflushed bytes are settled into the scope it leaves.
@@ -199,6 +210,24 @@ impl Reservation {
     /// The bytes granted.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Adds `bytes` to the reservation with no admission: counted at once in its scope's
+    /// and the process's account (past the soft threshold a background reclaim is asked
+    /// for, as for an allocation under [`Enforcement::Gates`](crate::Enforcement::Gates)),
+    /// never refused, never waiting, no spill asked for. For a caller that decided on
+    /// its own figures ([`ScopeHandle::account`], [`budget`](crate::budget)), such
+    /// as an engine's memory pool whose refusals make its operators spill. After the
+    /// scope ended it counts for nothing.
+    pub fn grow_unchecked(&mut self, bytes: u64) {
+        let ask = Ask::Reserve { bytes, consumer: self.consumer };
+        let dh = POOL.lock().apply(self.scope.0, ask, bytes, 1);
+        if dh > 0 {
+            crate::admission::count_only(dh);
+        } else {
+            ACCOUNT.add(dh);
+        }
+        self.bytes = self.bytes.saturating_add(bytes);
     }
 
     /// Gives back `bytes` of it now (at most what it holds).

@@ -23,7 +23,7 @@ mod retry;
 mod spill;
 
 pub use budget::{Budget, BudgetStats};
-pub use figures::{ConsumerStats, ScopeReport, ScopeSnapshot, ScopeStats};
+pub use figures::{ConsumerStats, ScopeAccount, ScopeReport, ScopeSnapshot, ScopeStats};
 pub use handles::{AttachGuard, Consumer, Reservation, ScopeHandle, TaskScope};
 pub use retry::{
     last_refusal_raw, retry_begin_raw, retry_block_raw, retry_end_raw, with_retry, with_split_retry,

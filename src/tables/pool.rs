@@ -478,7 +478,7 @@ impl Pool {
 
     /// The share as scope `handle` sees it when it asks: a scope that asks competes,
     /// idle or not.
-    fn share_for(&self, handle: u64, among: Among) -> Share {
+    pub(crate) fn share_for(&self, handle: u64, among: Among) -> Share {
         let mut share = self.share_among(among);
         if self.scope(handle).is_some_and(|s| !s.counts(among)) {
             share.active += 1;

@@ -1,0 +1,235 @@
+//! The example's query under memquota's budget, each case in a process of its own
+//! (the budget and the allocator are process-wide): this binary runs itself with
+//! `--case NAME LIMIT_MIB`, and the child prints what it saw, one figure a line, for the
+//! parent to check.
+//!
+//! * the group-by under 64, 128 and 256 MiB: the result computed in plain Rust, the
+//!   tracked peak under `limit + bound`, spills at 64 MiB;
+//! * a join whose build side (which DataFusion cannot spill) exceeds the limit fails
+//!   with `ResourcesExhausted` carrying memquota's figures, and the same process then
+//!   runs the group-by;
+//! * two group-bys at once under one limit both complete, each within its share.
+//!
+//! Defaults a user gets: `MemquotaPool::new()`, DataFusion's default session settings
+//! (but the 2 target partitions of the example), memquota's defaults but the limit.
+
+#[path = "../examples/query/workload.rs"]
+mod workload;
+
+use memquota_datafusion::datafusion::error::{DataFusionError, Result};
+use memquota_datafusion::{run_query, MemquotaPool, QueryScope};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+use workload::Row;
+
+#[global_allocator]
+static GLOBAL: memquota::QuotaAlloc = memquota::QuotaAlloc::new();
+
+const MIB: u64 = 1 << 20;
+
+// ---- the child: one case, figures on stdout ---------------------------------------
+
+fn child(case: &str, limit_mib: u64) -> Result<()> {
+    let limit = limit_mib * MIB;
+    memquota::init(memquota::Config::new().limit(limit)).expect("a valid limit");
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let pool = Arc::new(MemquotaPool::new());
+    let ctx = workload::session(pool.clone(), true)?;
+    match case {
+        "group-by" => {
+            let out = runtime.block_on(run_query("group-by", workload::run(&ctx, workload::ROWS)))?;
+            print_rows("", &out.rows);
+            println!("spills {}", out.spills);
+        }
+        "join-then-group-by" => {
+            let failed = runtime.block_on(run_query("join", workload::run_join(&ctx, workload::ROWS)));
+            // The join's build side is shared between partitions, so its error arrives
+            // wrapped: the root is the pool's.
+            match failed.as_ref().map_err(DataFusionError::find_root) {
+                Err(DataFusionError::ResourcesExhausted(message)) => {
+                    println!("join ResourcesExhausted");
+                    for line in message.lines() {
+                        println!("message {line}");
+                    }
+                }
+                Err(e) => println!("join other error: {}", e.to_string().replace('\n', " | ")),
+                Ok(n) => println!("join completed with {n} rows"),
+            }
+            let out = runtime.block_on(run_query("group-by", workload::run(&ctx, workload::ROWS)))?;
+            print_rows("", &out.rows);
+        }
+        "concurrent" => {
+            // Both scopes begin before either query runs: they share from the start.
+            let (a, b) = (QueryScope::begin("a")?, QueryScope::begin("b")?);
+            let share = a.handle().account().map_or(0, |s| s.share);
+            let (ra, rb) = runtime.block_on(async {
+                tokio::join!(
+                    a.run(workload::run(&ctx, workload::ROWS)),
+                    b.run(workload::run(&ctx, workload::ROWS))
+                )
+            });
+            println!("share {share}");
+            for (name, scope, out) in [("a", &a, ra?), ("b", &b, rb?)] {
+                print_rows(name, &out.rows);
+                println!("peak-{name} {}", scope.stats().map_or(u64::MAX, |s| s.peak));
+            }
+            drop((a.end(), b.end()));
+        }
+        other => panic!("no case {other}"),
+    }
+    let s = memquota::stats();
+    println!("native-peak {}", s.native_peak);
+    println!("error-bound {}", s.error_bound);
+    println!("rss-peak {}", s.process_rss_peak);
+    println!("refusals {}", pool.refusals());
+    Ok(())
+}
+
+fn print_rows(prefix: &str, rows: &[Row]) {
+    for r in rows {
+        println!("row{prefix} {r}");
+    }
+}
+
+// ---- the parent ---------------------------------------------------------------------
+
+/// What a child printed: its lines by first word.
+struct Seen {
+    lines: Vec<(String, String)>,
+    text: String,
+}
+
+impl Seen {
+    fn all(&self, key: &str) -> Vec<&str> {
+        self.lines.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect()
+    }
+
+    fn num(&self, key: &str) -> u64 {
+        let v = self.all(key);
+        v.first().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no figure {key}:\n{}", self.text))
+    }
+
+    fn rows(&self, key: &str) -> Vec<Row> {
+        self.all(key).iter().map(|r| r.parse().expect("a row")).collect()
+    }
+}
+
+fn run_child(case: &str, limit_mib: u64) -> Seen {
+    let started = Instant::now();
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--case", case, &limit_mib.to_string()])
+        .output()
+        .expect("the child runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "case {case} at {limit_mib} MiB: {}\n{text}", out.status);
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    let seen = Seen { lines, text };
+    println!(
+        "  {case} at {limit_mib} MiB: {:.1} s, tracked peak {:.1} MiB, RSS peak {:.1} MiB, {} refusals",
+        started.elapsed().as_secs_f64(),
+        seen.num("native-peak") as f64 / MIB as f64,
+        seen.num("rss-peak") as f64 / MIB as f64,
+        seen.num("refusals"),
+    );
+    seen
+}
+
+fn the_query_under_64_128_and_256_mib(expected: &[Row]) {
+    for limit_mib in [64, 128, 256] {
+        let seen = run_child("group-by", limit_mib);
+        assert_eq!(seen.rows("row"), expected, "at {limit_mib} MiB");
+        let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+        assert!(
+            peak <= limit_mib * MIB + bound,
+            "tracked peak {peak} past {limit_mib} MiB + {bound} at {limit_mib} MiB\n{}",
+            seen.text
+        );
+        if limit_mib == 64 {
+            assert!(seen.num("spills") > 0, "no spill at 64 MiB\n{}", seen.text);
+        }
+    }
+}
+
+fn a_query_that_cannot_spill_enough_fails_and_the_next_runs(expected: &[Row]) {
+    let seen = run_child("join-then-group-by", 64);
+    assert_eq!(seen.all("join"), ["ResourcesExhausted"], "{}", seen.text);
+    let message = seen.all("message").join("\n");
+    for part in ["HashJoinInput", "memquota: ", "Top memory consumers", "  limit ", "scope \"join\""] {
+        assert!(message.contains(part), "no {part:?} in the message:\n{message}");
+    }
+    assert_eq!(seen.rows("row"), expected, "the next query");
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
+fn two_queries_at_once_share_the_budget(expected: &[Row]) {
+    let seen = run_child("concurrent", 128);
+    let share = seen.num("share");
+    assert_eq!(share, 64 * MIB, "two scopes share 128 MiB");
+    let bound = seen.num("error-bound");
+    for name in ["a", "b"] {
+        assert_eq!(seen.rows(&format!("row{name}")), expected, "query {name}");
+        let peak = seen.num(&format!("peak-{name}"));
+        println!(
+            "  query {name} peaked at {:.1} MiB of its {} MiB share",
+            peak as f64 / MIB as f64,
+            share / MIB
+        );
+        assert!(peak <= share + bound, "query {name} peaked at {peak} past its share {share}\n{}", seen.text);
+    }
+    let peak = seen.num("native-peak");
+    assert!(peak <= 128 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
+/// A check, given the expected rows.
+type Check = fn(&[Row]);
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--case") {
+        let limit = args.get(i + 2).and_then(|l| l.parse().ok()).expect("--case NAME LIMIT_MIB");
+        if let Err(e) = child(&args[i + 1], limit) {
+            eprintln!("case failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let expected = workload::expected(workload::ROWS);
+    let checks: [(&str, Check); 3] = [
+        ("the_query_under_64_128_and_256_mib", the_query_under_64_128_and_256_mib),
+        (
+            "a_query_that_cannot_spill_enough_fails_and_the_next_runs",
+            a_query_that_cannot_spill_enough_fails_and_the_next_runs,
+        ),
+        ("two_queries_at_once_share_the_budget", two_queries_at_once_share_the_budget),
+    ];
+    let filter: Vec<&String> = args.iter().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let mut failed = 0;
+    let mut ran = 0;
+    for (name, check) in checks {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        ran += 1;
+        let started = Instant::now();
+        let ok = std::panic::catch_unwind(|| check(&expected)).is_ok();
+        println!(
+            "test {name} ... {} ({} ms)",
+            if ok { "ok" } else { "FAILED" },
+            started.elapsed().as_millis()
+        );
+        failed += usize::from(!ok);
+    }
+    println!(
+        "\ntest result: {}. {} passed; {failed} failed",
+        if failed == 0 { "ok" } else { "FAILED" },
+        ran - failed
+    );
+    if failed > 0 {
+        std::process::exit(101);
+    }
+}
