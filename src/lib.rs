@@ -97,6 +97,7 @@ pub mod face {
     pub use crate::ledger::{enter, spawn_service, thread_exit, try_charge, try_credit, Busy, Face, Local};
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_untracked_note};
+    pub use crate::untracked::sample_now as sample_untracked;
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, last_refusal_raw, note_alloc, note_free,
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,

@@ -2,7 +2,8 @@
 //! stacks, a C library's own malloc. A sampler thread reads the process's anonymous
 //! resident memory every [`INTERVAL`], off the allocation path, and calls what is
 //! neither jemalloc's (tracked allocations and jemalloc's own overhead) nor the heap
-//! *untracked*. Under `Untracked::Count` (the default) it counts against the limit
+//! *untracked*. Under `Untracked::Count` (`MEMQUOTA_UNTRACKED=count`; the default is
+//! `Report`) it counts against the limit
 //! with native and heap, and a sample past the soft threshold asks for a background
 //! reclaim: what memquota does see (tracked caches, a JVM's heap) makes room for what
 //! it does not. The same thread is the purge service (`purge.rs`): it reads
@@ -57,18 +58,20 @@ pub(crate) fn after_fork_child() {
     heap_probe::set_untracked_after_fork(0);
 }
 
-/// One sample: anonymous RSS, minus what jemalloc holds (at least the tracked total,
-/// for a backing allocator without jemalloc's statistics), minus the heap committed.
+/// A sample now, for a figure that must be current (the preload's exit summary: the
+/// last periodic sample may be 50 ms old, and a program that just freed an engine's
+/// memory would show it still held). Reads jemalloc's statistics and `/proc`.
+/// Only the figure: no reclaim is asked for.
+pub fn sample_now() {
+    measure(&JemallocStats::read());
+}
+
+/// One sample: the figure, then under `Untracked::Count` a background reclaim when
+/// the budget is past its soft threshold.
 fn sample(je: &JemallocStats) {
-    let anon = host::anon_rss();
-    if anon == 0 {
-        return; // no /proc: nothing to say
+    if !measure(je) {
+        return;
     }
-    let native = u64::try_from(ACCOUNT.native()).unwrap_or(0);
-    let jemalloc = je.resident.max(native);
-    let heap = heap_probe::read().committed;
-    let untracked = anon.saturating_sub(jemalloc).saturating_sub(heap);
-    heap_probe::set_untracked(untracked);
     if settings::count_untracked() {
         let quota = settings::quota();
         let outside = heap_probe::outside();
@@ -77,4 +80,19 @@ fn sample(je: &JemallocStats) {
             reclaim::request_background(Quota::excess(native, outside, quota.soft));
         }
     }
+}
+
+/// Sets the untracked figure: anonymous RSS, minus what jemalloc holds (at least the
+/// tracked total, for a backing allocator without jemalloc's statistics), minus the
+/// heap committed. False when there is no `/proc` to read.
+fn measure(je: &JemallocStats) -> bool {
+    let anon = host::anon_rss();
+    if anon == 0 {
+        return false;
+    }
+    let native = u64::try_from(ACCOUNT.native()).unwrap_or(0);
+    let jemalloc = je.resident.max(native);
+    let heap = heap_probe::read().committed;
+    heap_probe::set_untracked(anon.saturating_sub(jemalloc).saturating_sub(heap));
+    true
 }

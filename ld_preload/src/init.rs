@@ -168,6 +168,8 @@ extern "C" fn at_exit() {
     face::flush_thread(&FACE);
     // Refusals a report window only counted are summed up before the program ends.
     face::flush_quiet();
+    // The untracked figure as it is at exit, not as the last periodic sample saw it.
+    face::sample_untracked();
     write_stats_file();
     exit_report::write_at_exit(|| summary(&memquota_core::stats()));
 }
