@@ -3,7 +3,7 @@
 //! decides on a consistent-enough quota, and the next request sees the new one. Also
 //! the first-use configuration from `MEMQUOTA_*`, as jemalloc reads `MALLOC_CONF`.
 
-use crate::config::{Config, HeapMode, OnOom, Untracked};
+use crate::config::{Config, HeapMode, Limit, OnOom, Untracked};
 use crate::quota::{threshold_for, Quota, MIN_THRESHOLD};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::*};
 use std::time::Duration;
@@ -11,6 +11,13 @@ use std::time::Duration;
 const UNCONFIGURED: u8 = 0;
 const CONFIGURING: u8 = 1;
 const READY: u8 = 2;
+
+/// Where the limit comes from: a number of bytes (the user's, never changed but by
+/// the user), the machine's limit (the default), or a percentage of it. The last two
+/// follow the cgroup's limit when it changes (`container.rs`).
+const FIXED: u8 = 0;
+const MACHINE: u8 = 1;
+const PERCENT: u8 = 2;
 
 struct Settings {
     state: AtomicU8,
@@ -31,6 +38,14 @@ struct Settings {
     police_allocations: AtomicBool,
     /// The purge interval in milliseconds (0: off).
     purge_interval_ms: AtomicU64,
+    /// [`FIXED`], [`MACHINE`] or [`PERCENT`].
+    limit_source: AtomicU8,
+    /// Under [`PERCENT`]: the percentage, as `f64` bits.
+    percent: AtomicU64,
+    /// The soft threshold as a fraction of the limit, as `f64` bits.
+    soft_ratio: AtomicU64,
+    /// A cap on the soft threshold: the cgroup's `memory.high` (`i64::MAX`: none).
+    soft_cap: AtomicI64,
 }
 
 static SETTINGS: Settings = Settings {
@@ -48,6 +63,11 @@ static SETTINGS: Settings = Settings {
     count_untracked: AtomicBool::new(false),
     police_allocations: AtomicBool::new(true),
     purge_interval_ms: AtomicU64::new(10_000),
+    limit_source: AtomicU8::new(MACHINE),
+    percent: AtomicU64::new(0),
+    // `Config::new`'s soft ratio.
+    soft_ratio: AtomicU64::new(0.85f64.to_bits()),
+    soft_cap: AtomicI64::new(i64::MAX),
 };
 
 fn ms(d: Duration) -> u64 {
@@ -70,7 +90,15 @@ pub(crate) fn configure(config: &Config, limit: u64) {
 }
 
 fn apply(config: &Config, limit: u64) {
-    store_quota(Quota::new(limit, config.soft_ratio_setting()));
+    let (source, percent) = match config.limit_setting() {
+        None => (MACHINE, 0.0),
+        Some(Limit::Percent(p)) => (PERCENT, p),
+        Some(Limit::Bytes(_)) => (FIXED, 0.0),
+    };
+    SETTINGS.limit_source.store(source, Relaxed);
+    SETTINGS.percent.store(percent.to_bits(), Relaxed);
+    SETTINGS.soft_ratio.store(config.soft_ratio_setting().to_bits(), Relaxed);
+    store_quota(limit);
     SETTINGS.heap_used.store(config.heap_setting() == HeapMode::Used, Relaxed);
     SETTINGS.abort.store(config.on_oom_setting() == OnOom::Abort, Relaxed);
     SETTINGS.wait_ms.store(ms(config.reclaim_wait_setting()), Relaxed);
@@ -118,21 +146,60 @@ fn configure_from_env() {
     SETTINGS.state.store(READY, Release);
 }
 
-/// Changes only the limit, keeping the soft ratio as a fraction of it.
+/// Changes only the limit, keeping the soft ratio as a fraction of it. A limit set
+/// here is the user's: it no longer follows the cgroup's.
 pub fn set_limit(bytes: u64) {
     ensure_configured();
-    let old = quota();
-    let ratio = if old.limit == i64::MAX {
-        Config::new().soft_ratio_setting()
-    } else {
-        old.soft as f64 / old.limit as f64
-    };
-    store_quota(Quota::new(bytes, ratio));
+    SETTINGS.limit_source.store(FIXED, Relaxed);
+    store_quota(bytes);
 }
 
-fn store_quota(q: Quota) {
+/// The soft threshold as a fraction of the limit.
+pub(crate) fn soft_ratio() -> f64 {
+    f64::from_bits(SETTINGS.soft_ratio.load(Relaxed))
+}
+
+/// Whether the limit follows the machine's (the default, or a percentage of it).
+pub(crate) fn limit_follows_machine() -> bool {
+    SETTINGS.limit_source.load(Relaxed) != FIXED
+}
+
+/// The machine's limit is now `machine` bytes (the cgroup's limit, else RAM): a
+/// limit that follows it moves. Returns whether the limit changed. Not before the
+/// configuration is read (it would overwrite this).
+pub(crate) fn follow_machine_limit(machine: u64) -> bool {
+    if SETTINGS.state.load(Acquire) != READY {
+        return false;
+    }
+    let limit = match SETTINGS.limit_source.load(Relaxed) {
+        MACHINE => machine,
+        PERCENT => ((machine as f64) * f64::from_bits(SETTINGS.percent.load(Relaxed)) / 100.0) as u64,
+        _ => return false,
+    };
+    let limit = limit.max(1);
+    if i64::try_from(limit).unwrap_or(i64::MAX) == SETTINGS.limit.load(Relaxed) {
+        return false;
+    }
+    store_quota(limit);
+    true
+}
+
+/// Caps the soft threshold at `cap` bytes (the cgroup's `memory.high`), or lifts the
+/// cap: the soft threshold is then `min(limit x soft ratio, cap)`.
+pub(crate) fn set_soft_cap(cap: Option<u64>) {
+    let cap = cap.map_or(i64::MAX, |c| i64::try_from(c).unwrap_or(i64::MAX));
+    if SETTINGS.soft_cap.swap(cap, Relaxed) != cap {
+        store_quota(u64::try_from(SETTINGS.limit.load(Relaxed)).unwrap_or(0));
+    }
+}
+
+/// Stores the limit with the soft threshold that goes with it: the soft ratio of
+/// it, capped by `memory.high`. A reader may see one writer's limit with another's
+/// soft threshold for one request, as with every setting here.
+fn store_quota(limit: u64) {
+    let q = Quota::new(limit, soft_ratio());
     SETTINGS.limit.store(q.limit, Relaxed);
-    SETTINGS.soft.store(q.soft, Relaxed);
+    SETTINGS.soft.store(q.soft.min(SETTINGS.soft_cap.load(Relaxed)), Relaxed);
     SETTINGS.threshold.store(threshold_for(q.limit as u64), Relaxed);
 }
 

@@ -6,8 +6,11 @@
 //! with native and heap, and a sample past the soft threshold asks for a background
 //! reclaim: what memquota does see (tracked caches, a JVM's heap) makes room for what
 //! it does not. The same thread is the purge service (`purge.rs`): it reads
-//! jemalloc's statistics once per pass for both, and a purge request wakes it early.
+//! jemalloc's statistics once per pass for both, and a purge request wakes it early;
+//! and it watches the container (`container.rs`): the cgroup's files and the PSI
+//! trigger.
 
+use crate::container;
 use crate::heap_probe;
 use crate::host;
 use crate::ledger::{self, ACCOUNT};
@@ -35,9 +38,11 @@ pub(crate) fn ensure_sampling() -> bool {
     // Its own few allocations are charged, never refused, never made to wait.
     let spawned = ledger::spawn_service("memquota-sampler", || {
         let mut purger = purge::Service::start();
+        let mut watch = container::Watch::start();
         loop {
             let jemalloc = JemallocStats::read();
             sample(&jemalloc);
+            watch.pass();
             purger.serve(&jemalloc);
             purger.wait(INTERVAL);
         }
@@ -55,6 +60,7 @@ pub(crate) fn ensure_sampling() -> bool {
 pub(crate) fn after_fork_child() {
     STARTED.store(true, Relaxed);
     heap_probe::set_untracked_after_fork(0);
+    container::after_fork_child();
 }
 
 /// One sample: anonymous RSS, minus what jemalloc holds (at least the tracked total,
