@@ -171,17 +171,24 @@ pub(crate) fn follow_machine_limit(machine: u64) -> bool {
     if SETTINGS.state.load(Acquire) != READY {
         return false;
     }
-    let limit = match SETTINGS.limit_source.load(Relaxed) {
-        MACHINE => machine,
-        PERCENT => ((machine as f64) * f64::from_bits(SETTINGS.percent.load(Relaxed)) / 100.0) as u64,
-        _ => return false,
-    };
-    let limit = limit.max(1);
+    let percent = f64::from_bits(SETTINGS.percent.load(Relaxed));
+    let Some(limit) = followed(SETTINGS.limit_source.load(Relaxed), percent, machine) else { return false };
     if i64::try_from(limit).unwrap_or(i64::MAX) == SETTINGS.limit.load(Relaxed) {
         return false;
     }
     store_quota(limit);
     true
+}
+
+/// The limit a limit from `source` takes when the machine's is `machine` bytes, as
+/// `Config::resolve_limit` computes it at start (`None`: a fixed limit stays).
+fn followed(source: u8, percent: f64, machine: u64) -> Option<u64> {
+    let limit = match source {
+        MACHINE => machine,
+        PERCENT => ((machine as f64) * percent / 100.0) as u64,
+        _ => return None,
+    };
+    Some(limit.max(1))
 }
 
 /// Caps the soft threshold at `cap` bytes (the cgroup's `memory.high`), or lifts the
@@ -197,9 +204,9 @@ pub(crate) fn set_soft_cap(cap: Option<u64>) {
 /// it, capped by `memory.high`. A reader may see one writer's limit with another's
 /// soft threshold for one request, as with every setting here.
 fn store_quota(limit: u64) {
-    let q = Quota::new(limit, soft_ratio());
+    let q = Quota::new(limit, soft_ratio()).soft_capped(SETTINGS.soft_cap.load(Relaxed));
     SETTINGS.limit.store(q.limit, Relaxed);
-    SETTINGS.soft.store(q.soft.min(SETTINGS.soft_cap.load(Relaxed)), Relaxed);
+    SETTINGS.soft.store(q.soft, Relaxed);
     SETTINGS.threshold.store(threshold_for(q.limit as u64), Relaxed);
 }
 
@@ -279,4 +286,20 @@ pub fn set_enforcement(e: Enforcement) {
 /// Whether allocations themselves are policed ([`Enforcement::Allocations`]).
 pub(crate) fn policing_allocations() -> bool {
     SETTINGS.police_allocations.load(Relaxed)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_in_bytes_stays_and_the_others_follow_the_machine() {
+        assert_eq!(followed(FIXED, 0.0, 1 << 30), None);
+        assert_eq!(followed(MACHINE, 0.0, 1 << 30), Some(1 << 30));
+        assert_eq!(followed(PERCENT, 50.0, 1 << 30), Some(1 << 29));
+        assert_eq!(followed(PERCENT, 0.0001, 1), Some(1), "never 0");
+        // As the start computes it, so that the first reading changes nothing.
+        let c = Config::new().limit_percent(75.0);
+        assert_eq!(followed(PERCENT, 75.0, crate::host::memory_limit()), c.resolve_limit().ok());
+    }
 }
