@@ -48,6 +48,10 @@ struct Settings {
     soft_cap: AtomicI64,
 }
 
+/// `Config::new`'s soft ratio, 0.85, as `f64` bits (`f64::to_bits` is not `const`
+/// at the crate's MSRV; a unit test checks the value).
+const DEFAULT_SOFT_RATIO_BITS: u64 = 0x3FEB_3333_3333_3333;
+
 static SETTINGS: Settings = Settings {
     state: AtomicU8::new(UNCONFIGURED),
     limit: AtomicI64::new(i64::MAX),
@@ -65,8 +69,7 @@ static SETTINGS: Settings = Settings {
     purge_interval_ms: AtomicU64::new(10_000),
     limit_source: AtomicU8::new(MACHINE),
     percent: AtomicU64::new(0),
-    // `Config::new`'s soft ratio.
-    soft_ratio: AtomicU64::new(0.85f64.to_bits()),
+    soft_ratio: AtomicU64::new(DEFAULT_SOFT_RATIO_BITS),
     soft_cap: AtomicI64::new(i64::MAX),
 };
 
@@ -291,6 +294,11 @@ pub(crate) fn policing_allocations() -> bool {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_soft_ratio_is_configs() {
+        assert_eq!(DEFAULT_SOFT_RATIO_BITS, Config::new().soft_ratio_setting().to_bits());
+    }
 
     #[test]
     fn a_limit_in_bytes_stays_and_the_others_follow_the_machine() {
