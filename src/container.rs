@@ -54,14 +54,16 @@ static WATCHED: AtomicBool = AtomicBool::new(false);
 pub(crate) struct Watch {
     cgroup: Option<Cgroup>,
     pressure: Option<Pressure>,
-    /// Physical RAM: the machine's limit when the cgroup has none.
-    ram: u64,
+    /// The cgroup's limit at the last reading (`None` inside: no limit); `None`
+    /// before the first.
+    last_limit: Option<Option<u64>>,
     next: Instant,
 }
 
 impl Watch {
-    /// On the sampler thread, once: finds the cgroup and arms the pressure trigger
-    /// (this allocates: paths, open files).
+    /// On the sampler thread, once: finds the cgroup and arms the pressure trigger.
+    /// Allocates nothing (`Cgroup::find`): the sampler is charged for every byte
+    /// at once, and a transient allocation would show in the process account.
     pub(crate) fn start() -> Watch {
         let cgroup = Cgroup::find();
         VERSION.store(cgroup.as_ref().map_or(0, |c| c.version as u8), Relaxed);
@@ -71,7 +73,7 @@ impl Watch {
             PSI_WINDOW_MS.store(p.window_ms, Relaxed);
         }
         WATCHED.store(true, Relaxed);
-        Watch { cgroup, pressure, ram: crate::host::physical_ram(), next: Instant::now() }
+        Watch { cgroup, pressure, last_limit: None, next: Instant::now() }
     }
 
     /// One pass of the sampler: the pressure trigger, and the cgroup's files once
@@ -100,8 +102,20 @@ impl Watch {
         HIGH.store(f.high.unwrap_or(0), Relaxed);
         ANON.store(f.anon.unwrap_or(0), Relaxed);
         ANON_PEAK.fetch_max(f.anon.unwrap_or(0), Relaxed);
-        if settings::follow_machine_limit(f.limit.unwrap_or(self.ram)) {
-            LIMIT_CHANGES.fetch_add(1, Relaxed);
+        if self.last_limit != Some(f.limit) {
+            // The configuration resolved the machine's limit at start (the cgroup's,
+            // else RAM): a first reading with no cgroup limit has nothing to add.
+            // Physical RAM (whose reading allocates) is read only when a cgroup's
+            // limit is lifted.
+            let machine = match (f.limit, self.last_limit) {
+                (Some(limit), _) => Some(limit),
+                (None, Some(Some(_))) => Some(crate::host::physical_ram()),
+                (None, _) => None,
+            };
+            if machine.is_some_and(settings::follow_machine_limit) {
+                LIMIT_CHANGES.fetch_add(1, Relaxed);
+            }
+            self.last_limit = Some(f.limit);
         }
         settings::set_soft_cap(f.high);
         if let Some(excess) = anon_excess(&f, settings::soft_ratio()) {

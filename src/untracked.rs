@@ -38,12 +38,14 @@ pub(crate) fn ensure_sampling() -> bool {
     // Its own few allocations are charged, never refused, never made to wait.
     let spawned = ledger::spawn_service("memquota-sampler", || {
         let mut purger = purge::Service::start();
-        let mut watch = container::Watch::start();
+        let mut watch = None;
         loop {
             let jemalloc = JemallocStats::read();
             sample(&jemalloc);
-            watch.pass();
             purger.serve(&jemalloc);
+            // After the first pass: its sample and purge decision come as soon as
+            // the thread starts, as they did before the watch existed.
+            watch.get_or_insert_with(container::Watch::start).pass();
             purger.wait(INTERVAL);
         }
     });
