@@ -3,7 +3,7 @@
 
 use crate::config::HeapMode;
 use crate::scope::{ScopeSnapshot, ScopeStats};
-use crate::stats::Stats;
+use crate::stats::{PressureSource, Stats};
 use std::fmt::{self, Write};
 
 /// Every metric name, in one place: what this module writes and what the `memquota`
@@ -119,6 +119,22 @@ pub mod metric {
     pub const UNTRACKED_PEAK_BYTES: &str = "memquota_untracked_peak_bytes";
     #[allow(missing_docs)]
     pub const PROCESS_RSS_PEAK_BYTES: &str = "memquota_process_rss_peak_bytes";
+    #[allow(missing_docs)]
+    pub const CGROUP_VERSION: &str = "memquota_cgroup_version";
+    #[allow(missing_docs)]
+    pub const CGROUP_LIMIT_BYTES: &str = "memquota_cgroup_limit_bytes";
+    #[allow(missing_docs)]
+    pub const CGROUP_HIGH_BYTES: &str = "memquota_cgroup_high_bytes";
+    #[allow(missing_docs)]
+    pub const CGROUP_ANON_BYTES: &str = "memquota_cgroup_anon_bytes";
+    #[allow(missing_docs)]
+    pub const CGROUP_ANON_PEAK_BYTES: &str = "memquota_cgroup_anon_peak_bytes";
+    #[allow(missing_docs)]
+    pub const CGROUP_LIMIT_CHANGES_TOTAL: &str = "memquota_cgroup_limit_changes_total";
+    #[allow(missing_docs)]
+    pub const CONTAINER_REQUESTS_TOTAL: &str = "memquota_container_requests_total";
+    #[allow(missing_docs)]
+    pub const PRESSURE_WATCH: &str = "memquota_pressure_watch";
 }
 
 use metric::*;
@@ -139,8 +155,9 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 46] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 56] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
+    let c = &s.container;
     [
         (
             gauge(LIMIT_BYTES, "The hard limit on native plus counted heap bytes (0: none)."),
@@ -256,6 +273,43 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 46] {
             s.untracked,
         ),
         (gauge(UNTRACKED_PEAK_BYTES, "The most untracked memory sampled."), "", s.untracked_peak),
+        (
+            gauge(CGROUP_VERSION, "The memory cgroup version the container figures come from (0: none)."),
+            "",
+            u64::from(c.cgroup_version),
+        ),
+        (gauge(CGROUP_LIMIT_BYTES, "The memory cgroup's tightest limit (0: none)."), "", c.limit),
+        (
+            gauge(CGROUP_HIGH_BYTES, "The cgroup's tightest memory.high (0: none); it caps the soft threshold."),
+            "",
+            c.high,
+        ),
+        (
+            gauge(CGROUP_ANON_BYTES, "Anonymous memory charged to the cgroup (all its processes; no page cache)."),
+            "",
+            c.anon,
+        ),
+        (gauge(CGROUP_ANON_PEAK_BYTES, "The most anonymous memory the cgroup was read to hold."), "", c.anon_peak),
+        (
+            counter(CGROUP_LIMIT_CHANGES_TOTAL, "Times the limit moved with the cgroup's."),
+            "",
+            c.limit_changes,
+        ),
+        (
+            counter(
+                CONTAINER_REQUESTS_TOTAL,
+                "Background reclaims and purges asked for by the container's view, by cause.",
+            ),
+            "{cause=\"anon\"}",
+            c.anon_requests,
+        ),
+        (counter(CONTAINER_REQUESTS_TOTAL, ""), "{cause=\"pressure\"}", c.pressure_events),
+        (
+            gauge(PRESSURE_WATCH, "1 where a PSI trigger watches memory pressure (none: not watched)."),
+            "{source=\"cgroup\"}",
+            u64::from(c.pressure == PressureSource::Cgroup),
+        ),
+        (gauge(PRESSURE_WATCH, ""), "{source=\"system\"}", u64::from(c.pressure == PressureSource::System)),
         (
             counter(RETRY_TOTAL, "Attempts in retry blocks rolled back (retry) or told to split (split)."),
             "{kind=\"retry\"}",
@@ -503,6 +557,19 @@ mod tests {
         assert_eq!(prom.matches("# TYPE memquota_purges_total counter").count(), 1);
         assert!(prom.contains("memquota_purges_total{kind=\"idle\"} 0\n"));
         assert!(json.contains("\"purges_total_budget\":0") && json.contains("\"jemalloc_unused_bytes\":0"));
+        s.container.pressure = PressureSource::System;
+        s.container.anon_requests = 4;
+        let mut prom = String::new();
+        write_prometheus(&mut prom, &s).unwrap();
+        assert!(prom.contains("memquota_pressure_watch{source=\"system\"} 1\n"), "{prom}");
+        assert!(prom.contains("memquota_pressure_watch{source=\"cgroup\"} 0\n"));
+        assert!(prom.contains("memquota_container_requests_total{cause=\"anon\"} 4\n"));
+        let mut json = String::new();
+        write_json(&mut json, &s).unwrap();
+        assert!(
+            json.contains("\"pressure_watch_system\":1")
+                && json.contains("\"container_requests_total_anon\":4")
+        );
     }
 
     #[test]

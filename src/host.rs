@@ -1,21 +1,15 @@
 //! What the machine allows: the cgroup memory limit (v2, then v1) or physical RAM.
 //! The default budget when the configuration names none.
 
-use std::fs;
-
-/// cgroup files report "no limit" as a huge number (v1: `PAGE_COUNTER_MAX` pages) or
-/// as `max` (v2). Anything this large is treated as no limit.
-const NO_LIMIT_ABOVE: u64 = 1 << 60;
-
 /// The memory this process may use: the cgroup limit if one is set, else physical RAM.
 pub fn memory_limit() -> u64 {
     cgroup_limit().unwrap_or_else(physical_ram)
 }
 
-/// The tightest cgroup memory limit that applies to this process, if any.
+/// The tightest cgroup memory limit that applies to this process, if any (v2 where
+/// its cgroup has the memory controller, else v1; `cgroup.rs`).
 pub fn cgroup_limit() -> Option<u64> {
-    let membership = fs::read_to_string("/proc/self/cgroup").ok()?;
-    cgroup_limit_from(&membership, |path| fs::read_to_string(path).ok())
+    crate::cgroup::limit()
 }
 
 /// Physical RAM in bytes.
@@ -88,69 +82,9 @@ pub fn peak_rss() -> u64 {
     number(&text[at..]).saturating_mul(1024)
 }
 
-/// Parses `/proc/self/cgroup` and reads limits through `read`, so tests can feed it a
-/// fake file system. v2 (`0::/path`) wins over v1 (`N:memory:/path`) when both exist.
-pub(crate) fn cgroup_limit_from(membership: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
-    let mut best: Option<u64> = None;
-    let mut consider = |file: String| {
-        if let Some(v) = read(&file).as_deref().and_then(parse_limit) {
-            best = Some(best.map_or(v, |b| b.min(v)));
-        }
-    };
-    for line in membership.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        if controllers.is_empty() {
-            // v2: the limit of our cgroup and of each ancestor; the tightest applies.
-            let mut dir = path.trim_end_matches('/').to_owned();
-            loop {
-                consider(format!("/sys/fs/cgroup{dir}/memory.max"));
-                match dir.rfind('/') {
-                    Some(i) => dir.truncate(i),
-                    None => break,
-                }
-            }
-        } else if controllers.split(',').any(|c| c == "memory") {
-            // v1: inside a container the hierarchy is mounted at its own root.
-            consider(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"));
-            consider("/sys/fs/cgroup/memory/memory.limit_in_bytes".to_owned());
-        }
-    }
-    best
-}
-
-fn parse_limit(text: &str) -> Option<u64> {
-    let v: u64 = text.trim().parse().ok()?;
-    (v > 0 && v < NO_LIMIT_ABOVE).then_some(v)
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-
-    fn fake(files: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |p| files.iter().find(|(f, _)| *f == p).map(|(_, v)| v.to_string())
-    }
-
-    #[test]
-    fn v2_takes_the_tightest_ancestor() {
-        let files = fake(&[
-            ("/sys/fs/cgroup/a/b/memory.max", "max\n"),
-            ("/sys/fs/cgroup/a/memory.max", "1073741824\n"),
-            ("/sys/fs/cgroup/memory.max", "4294967296\n"),
-        ]);
-        assert_eq!(cgroup_limit_from("0::/a/b\n", files), Some(1 << 30));
-    }
-
-    #[test]
-    fn v1_unlimited_is_none() {
-        let files = fake(&[("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n")]);
-        assert_eq!(cgroup_limit_from("4:memory:/x\n", files), None);
-        let files = fake(&[("/sys/fs/cgroup/memory/x/memory.limit_in_bytes", "536870912\n")]);
-        assert_eq!(cgroup_limit_from("4:cpu,memory:/x\n", files), Some(512 << 20));
-    }
 
     #[test]
     fn rss_is_plausible() {

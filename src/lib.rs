@@ -18,6 +18,7 @@
 // has the picture; tests/layers.rs checks the `use crate::` lines against it).
 //
 // base
+mod cgroup;
 mod config;
 mod error;
 mod host;
@@ -41,6 +42,8 @@ mod tables {
 // policy
 #[cfg(not(loom))]
 mod admission;
+#[cfg(not(loom))]
+mod container;
 mod gc;
 #[cfg(not(loom))]
 mod heap_probe;
@@ -96,8 +99,7 @@ pub mod face {
     pub use crate::host::{cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
     pub use crate::ledger::{enter, spawn_service, thread_exit, try_charge, try_credit, Busy, Face, Local};
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
-    pub use crate::report::{flush_quiet, write_untracked_note};
-    pub use crate::untracked::sample_now as sample_untracked;
+    pub use crate::report::{flush_quiet, write_container, write_untracked_note};
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, last_refusal_raw, note_alloc, note_free,
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
@@ -107,6 +109,7 @@ pub mod face {
     pub use crate::tables::retry::Rollback;
     pub use crate::tables::{MAX_BUDGETS, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
     pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};
+    pub use crate::untracked::sample_now as sample_untracked;
 }
 
 pub use config::{Config, HeapMode, Limit, OnOom, Untracked};
@@ -129,5 +132,5 @@ pub use {
     },
     settings::{set_enforcement, set_limit, Enforcement},
     snapshot::{process_account, report_now, stats},
-    stats::{HeapBytes, JemallocStats, ProcessAccount, RetryStats, Stats},
+    stats::{ContainerStats, HeapBytes, JemallocStats, PressureSource, ProcessAccount, RetryStats, Stats},
 };

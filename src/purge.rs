@@ -101,9 +101,8 @@ pub(crate) fn request(kind: Kind) {
     }
 }
 
-/// The container-pressure path's entry (cgroup events, PSI: not watched yet, see
-/// issue 13): purge now, in the background.
-#[cfg_attr(not(test), allow(dead_code))]
+/// The container-pressure path's entry (`container.rs`: the cgroup's anonymous
+/// memory past its line, a PSI event): purge now, in the background.
 pub(crate) fn under_pressure() {
     request(Kind::Pressure);
 }

@@ -45,6 +45,11 @@ impl Quota {
         Quota { limit, soft: soft.min(limit) }
     }
 
+    /// This quota with its soft threshold at most `cap` (a cgroup's `memory.high`).
+    pub(crate) fn soft_capped(self, cap: i64) -> Quota {
+        Quota { soft: self.soft.min(cap), ..self }
+    }
+
     /// The most native bytes the hard limit allows next to `heap` heap bytes.
     pub(crate) fn native_ceiling(&self, heap: i64) -> i64 {
         self.limit.saturating_sub(heap)
@@ -100,6 +105,14 @@ mod tests {
         assert_eq!(q.pressure(800, 51), Pressure::Soft);
         assert_eq!(q.pressure(1000, 0), Pressure::Soft);
         assert_eq!(q.pressure(1000, 1), Pressure::Hard);
+    }
+
+    #[test]
+    fn memory_high_caps_the_soft_threshold_only_below_it() {
+        let q = Quota::new(1000, 0.85);
+        assert_eq!(q.soft_capped(600), Quota { limit: 1000, soft: 600 });
+        assert_eq!(q.soft_capped(900), q);
+        assert_eq!(q.soft_capped(i64::MAX), q);
     }
 
     #[test]

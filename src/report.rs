@@ -11,7 +11,7 @@
 
 use crate::config::{HeapMode, OnOom};
 use crate::gc::{ReclaimKind, ReclaimRecord, Throttle, HISTORY};
-use crate::stats::Stats;
+use crate::stats::{ContainerStats, PressureSource, Stats};
 use crate::sync::{lock, ForkHeld, Mutex, MutexGuard};
 use crate::text::{write_stderr, FixedBuf, Size};
 use std::fmt::{self, Write};
@@ -327,6 +327,8 @@ fn write_figures(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         )?;
     }
     write_untracked_note(w, s.untracked, s.native, s)?;
+    w.write_str("  cgroup           ")?;
+    write_container(w, &s.container)?;
     crate::tables::write_tree(w)?;
     let j = &s.jemalloc;
     writeln!(
@@ -336,6 +338,46 @@ fn write_figures(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         Size(j.active),
         Size(j.resident)
     )
+}
+
+/// The container's view on one line (the text after a label), for the report and
+/// the preload's exit summary.
+pub fn write_container(w: &mut impl Write, c: &ContainerStats) -> fmt::Result {
+    match c.cgroup_version {
+        0 => w.write_str("none seen")?,
+        v => {
+            write!(w, "v{v}: limit ")?;
+            match c.limit {
+                0 => w.write_str("none")?,
+                l => write!(w, "{:#}", Size(l))?,
+            }
+            if c.high != 0 {
+                write!(w, ", memory.high {:#}", Size(c.high))?;
+            }
+            write!(w, ", anon {:#} (peak {:#})", Size(c.anon), Size(c.anon_peak))?;
+            if c.limit_follows {
+                w.write_str(", the limit follows it")?;
+            }
+            if c.limit_changes != 0 || c.anon_requests != 0 {
+                write!(
+                    w,
+                    "; {} limit changes, {} reclaims asked for by anon",
+                    c.limit_changes, c.anon_requests
+                )?;
+            }
+        }
+    }
+    match c.pressure {
+        PressureSource::Unavailable => w.write_str("; memory pressure not watched (no PSI trigger)")?,
+        source => write!(
+            w,
+            "; memory pressure watched ({} PSI, {} ms window): {} events",
+            if source == PressureSource::Cgroup { "the cgroup's" } else { "the system's" },
+            c.pressure_window_ms,
+            c.pressure_events
+        )?,
+    }
+    w.write_char('\n')
 }
 
 /// The loud line when memory memquota does not see is the largest part of the

@@ -3,7 +3,7 @@
 //! decides on a consistent-enough quota, and the next request sees the new one. Also
 //! the first-use configuration from `MEMQUOTA_*`, as jemalloc reads `MALLOC_CONF`.
 
-use crate::config::{Config, HeapMode, OnOom, Untracked};
+use crate::config::{Config, HeapMode, Limit, OnOom, Untracked};
 use crate::quota::{threshold_for, Quota, MIN_THRESHOLD};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::*};
 use std::time::Duration;
@@ -11,6 +11,13 @@ use std::time::Duration;
 const UNCONFIGURED: u8 = 0;
 const CONFIGURING: u8 = 1;
 const READY: u8 = 2;
+
+/// Where the limit comes from: a number of bytes (the user's, never changed but by
+/// the user), the machine's limit (the default), or a percentage of it. The last two
+/// follow the cgroup's limit when it changes (`container.rs`).
+const FIXED: u8 = 0;
+const MACHINE: u8 = 1;
+const PERCENT: u8 = 2;
 
 struct Settings {
     state: AtomicU8,
@@ -31,7 +38,19 @@ struct Settings {
     police_allocations: AtomicBool,
     /// The purge interval in milliseconds (0: off).
     purge_interval_ms: AtomicU64,
+    /// [`FIXED`], [`MACHINE`] or [`PERCENT`].
+    limit_source: AtomicU8,
+    /// Under [`PERCENT`]: the percentage, as `f64` bits.
+    percent: AtomicU64,
+    /// The soft threshold as a fraction of the limit, as `f64` bits.
+    soft_ratio: AtomicU64,
+    /// A cap on the soft threshold: the cgroup's `memory.high` (`i64::MAX`: none).
+    soft_cap: AtomicI64,
 }
+
+/// `Config::new`'s soft ratio, 0.85, as `f64` bits (`f64::to_bits` is not `const`
+/// at the crate's MSRV; a unit test checks the value).
+const DEFAULT_SOFT_RATIO_BITS: u64 = 0x3FEB_3333_3333_3333;
 
 static SETTINGS: Settings = Settings {
     state: AtomicU8::new(UNCONFIGURED),
@@ -48,6 +67,10 @@ static SETTINGS: Settings = Settings {
     count_untracked: AtomicBool::new(false),
     police_allocations: AtomicBool::new(true),
     purge_interval_ms: AtomicU64::new(10_000),
+    limit_source: AtomicU8::new(MACHINE),
+    percent: AtomicU64::new(0),
+    soft_ratio: AtomicU64::new(DEFAULT_SOFT_RATIO_BITS),
+    soft_cap: AtomicI64::new(i64::MAX),
 };
 
 fn ms(d: Duration) -> u64 {
@@ -70,7 +93,15 @@ pub(crate) fn configure(config: &Config, limit: u64) {
 }
 
 fn apply(config: &Config, limit: u64) {
-    store_quota(Quota::new(limit, config.soft_ratio_setting()));
+    let (source, percent) = match config.limit_setting() {
+        None => (MACHINE, 0.0),
+        Some(Limit::Percent(p)) => (PERCENT, p),
+        Some(Limit::Bytes(_)) => (FIXED, 0.0),
+    };
+    SETTINGS.limit_source.store(source, Relaxed);
+    SETTINGS.percent.store(percent.to_bits(), Relaxed);
+    SETTINGS.soft_ratio.store(config.soft_ratio_setting().to_bits(), Relaxed);
+    store_quota(limit);
     SETTINGS.heap_used.store(config.heap_setting() == HeapMode::Used, Relaxed);
     SETTINGS.abort.store(config.on_oom_setting() == OnOom::Abort, Relaxed);
     SETTINGS.wait_ms.store(ms(config.reclaim_wait_setting()), Relaxed);
@@ -118,19 +149,65 @@ fn configure_from_env() {
     SETTINGS.state.store(READY, Release);
 }
 
-/// Changes only the limit, keeping the soft ratio as a fraction of it.
+/// Changes only the limit, keeping the soft ratio as a fraction of it. A limit set
+/// here is the user's: it no longer follows the cgroup's.
 pub fn set_limit(bytes: u64) {
     ensure_configured();
-    let old = quota();
-    let ratio = if old.limit == i64::MAX {
-        Config::new().soft_ratio_setting()
-    } else {
-        old.soft as f64 / old.limit as f64
-    };
-    store_quota(Quota::new(bytes, ratio));
+    SETTINGS.limit_source.store(FIXED, Relaxed);
+    store_quota(bytes);
 }
 
-fn store_quota(q: Quota) {
+/// The soft threshold as a fraction of the limit.
+pub(crate) fn soft_ratio() -> f64 {
+    f64::from_bits(SETTINGS.soft_ratio.load(Relaxed))
+}
+
+/// Whether the limit follows the machine's (the default, or a percentage of it).
+pub(crate) fn limit_follows_machine() -> bool {
+    SETTINGS.limit_source.load(Relaxed) != FIXED
+}
+
+/// The machine's limit is now `machine` bytes (the cgroup's limit, else RAM): a
+/// limit that follows it moves. Returns whether the limit changed. Not before the
+/// configuration is read (it would overwrite this).
+pub(crate) fn follow_machine_limit(machine: u64) -> bool {
+    if SETTINGS.state.load(Acquire) != READY {
+        return false;
+    }
+    let percent = f64::from_bits(SETTINGS.percent.load(Relaxed));
+    let Some(limit) = followed(SETTINGS.limit_source.load(Relaxed), percent, machine) else { return false };
+    if i64::try_from(limit).unwrap_or(i64::MAX) == SETTINGS.limit.load(Relaxed) {
+        return false;
+    }
+    store_quota(limit);
+    true
+}
+
+/// The limit a limit from `source` takes when the machine's is `machine` bytes, as
+/// `Config::resolve_limit` computes it at start (`None`: a fixed limit stays).
+fn followed(source: u8, percent: f64, machine: u64) -> Option<u64> {
+    let limit = match source {
+        MACHINE => machine,
+        PERCENT => ((machine as f64) * percent / 100.0) as u64,
+        _ => return None,
+    };
+    Some(limit.max(1))
+}
+
+/// Caps the soft threshold at `cap` bytes (the cgroup's `memory.high`), or lifts the
+/// cap: the soft threshold is then `min(limit x soft ratio, cap)`.
+pub(crate) fn set_soft_cap(cap: Option<u64>) {
+    let cap = cap.map_or(i64::MAX, |c| i64::try_from(c).unwrap_or(i64::MAX));
+    if SETTINGS.soft_cap.swap(cap, Relaxed) != cap {
+        store_quota(u64::try_from(SETTINGS.limit.load(Relaxed)).unwrap_or(0));
+    }
+}
+
+/// Stores the limit with the soft threshold that goes with it: the soft ratio of
+/// it, capped by `memory.high`. A reader may see one writer's limit with another's
+/// soft threshold for one request, as with every setting here.
+fn store_quota(limit: u64) {
+    let q = Quota::new(limit, soft_ratio()).soft_capped(SETTINGS.soft_cap.load(Relaxed));
     SETTINGS.limit.store(q.limit, Relaxed);
     SETTINGS.soft.store(q.soft, Relaxed);
     SETTINGS.threshold.store(threshold_for(q.limit as u64), Relaxed);
@@ -215,4 +292,25 @@ pub fn set_enforcement(e: Enforcement) {
 /// Whether allocations themselves are policed ([`Enforcement::Allocations`]).
 pub(crate) fn policing_allocations() -> bool {
     SETTINGS.police_allocations.load(Relaxed)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_soft_ratio_is_configs() {
+        assert_eq!(DEFAULT_SOFT_RATIO_BITS, Config::new().soft_ratio_setting().to_bits());
+    }
+
+    #[test]
+    fn a_limit_in_bytes_stays_and_the_others_follow_the_machine() {
+        assert_eq!(followed(FIXED, 0.0, 1 << 30), None);
+        assert_eq!(followed(MACHINE, 0.0, 1 << 30), Some(1 << 30));
+        assert_eq!(followed(PERCENT, 50.0, 1 << 30), Some(1 << 29));
+        assert_eq!(followed(PERCENT, 0.0001, 1), Some(1), "never 0");
+        // As the start computes it, so that the first reading changes nothing.
+        let c = Config::new().limit_percent(75.0);
+        assert_eq!(followed(PERCENT, 75.0, crate::host::memory_limit()), c.resolve_limit().ok());
+    }
 }

@@ -58,6 +58,7 @@ pub fn stats() -> Stats {
         untracked_peak: crate::heap_probe::untracked_peak(),
         untracked_counted: settings::count_untracked(),
         retry: crate::tables::retry::stats(),
+        container: crate::container::stats(),
     }
 }
 

@@ -186,6 +186,53 @@ impl RetryStats {
     };
 }
 
+/// Where memory pressure is watched (a PSI trigger, `docs/containers.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PressureSource {
+    /// Not watched: the kernel has no PSI (or it is off), the trigger could not be
+    /// armed, or no sampler runs (a fork child).
+    #[default]
+    Unavailable = 0,
+    /// The process's own cgroup v2 `memory.pressure`.
+    Cgroup = 1,
+    /// The whole system's `/proc/pressure/memory` (a process in cgroup v1 only).
+    System = 2,
+}
+
+/// The container's view: the process's memory cgroup and memory pressure, as the
+/// sampler thread last read them (`docs/containers.md`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContainerStats {
+    /// The cgroup version the figures come from: 1, 2, or 0 (none found, or not
+    /// watched: a fork child).
+    pub cgroup_version: u8,
+    /// The cgroup's tightest limit (0: none).
+    pub limit: u64,
+    /// The cgroup's tightest `memory.high` (v2; 0: none): it caps the soft threshold.
+    pub high: u64,
+    /// Anonymous memory charged to the cgroup (v2 `anon`, v1 `total_rss`): every
+    /// process of it, never its page cache.
+    pub anon: u64,
+    /// The most anonymous memory read.
+    pub anon_peak: u64,
+    /// Whether the budget's limit follows the cgroup's (no limit in bytes was given).
+    pub limit_follows: bool,
+    /// Times the limit moved with the cgroup's.
+    pub limit_changes: u64,
+    /// Background reclaims and purges asked for because `anon` passed its line,
+    /// `min(cgroup limit x soft ratio, memory.high)`.
+    pub anon_requests: u64,
+    /// PSI trigger events; each asked for a background reclaim and a purge.
+    pub pressure_events: u64,
+    /// Where memory pressure is watched.
+    pub pressure: PressureSource,
+    /// The PSI trigger's window in milliseconds (1000, or 2000 without
+    /// `CAP_SYS_RESOURCE`).
+    pub pressure_window_ms: u32,
+}
+
 /// The state of the budget at one moment. Plain data: `Copy`, no heap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -271,4 +318,6 @@ pub struct Stats {
     pub untracked_counted: bool,
     /// The retry machine.
     pub retry: RetryStats,
+    /// The container's view: cgroup and memory pressure.
+    pub container: ContainerStats,
 }

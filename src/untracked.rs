@@ -7,8 +7,11 @@
 //! with native and heap, and a sample past the soft threshold asks for a background
 //! reclaim: what memquota does see (tracked caches, a JVM's heap) makes room for what
 //! it does not. The same thread is the purge service (`purge.rs`): it reads
-//! jemalloc's statistics once per pass for both, and a purge request wakes it early.
+//! jemalloc's statistics once per pass for both, and a purge request wakes it early;
+//! and it watches the container (`container.rs`): the cgroup's files and the PSI
+//! trigger.
 
+use crate::container;
 use crate::heap_probe;
 use crate::host;
 use crate::ledger::{self, ACCOUNT};
@@ -36,10 +39,14 @@ pub(crate) fn ensure_sampling() -> bool {
     // Its own few allocations are charged, never refused, never made to wait.
     let spawned = ledger::spawn_service("memquota-sampler", || {
         let mut purger = purge::Service::start();
+        let mut watch = None;
         loop {
             let jemalloc = JemallocStats::read();
             sample(&jemalloc);
             purger.serve(&jemalloc);
+            // After the first pass: its sample and purge decision come as soon as
+            // the thread starts, as they did before the watch existed.
+            watch.get_or_insert_with(container::Watch::start).pass();
             purger.wait(INTERVAL);
         }
     });
@@ -56,6 +63,7 @@ pub(crate) fn ensure_sampling() -> bool {
 pub(crate) fn after_fork_child() {
     STARTED.store(true, Relaxed);
     heap_probe::set_untracked_after_fork(0);
+    container::after_fork_child();
 }
 
 /// A sample now, for a figure that must be current (the preload's exit summary: the

@@ -205,6 +205,8 @@ fn summary(s: &Stats) -> String {
         s.reports,
         s.overcommits,
     );
+    text.push_str("  cgroup         ");
+    let _ = face::write_container(&mut text, &s.container);
     let _ = face::write_untracked_note(&mut text, s.untracked_peak, s.native_peak, s);
     text
 }
