@@ -57,6 +57,7 @@ pub fn stats() -> Stats {
         untracked: crate::heap_probe::untracked(),
         untracked_peak: crate::heap_probe::untracked_peak(),
         untracked_counted: settings::count_untracked(),
+        sampler_passes: crate::untracked::passes(),
         retry: crate::tables::retry::stats(),
         container: crate::container::stats(),
     }

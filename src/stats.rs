@@ -316,6 +316,10 @@ pub struct Stats {
     pub untracked_peak: u64,
     /// Whether untracked memory counts against the limit (`MEMQUOTA_UNTRACKED=count`).
     pub untracked_counted: bool,
+    /// Passes the sampler thread (untracked memory, purging, the container's view)
+    /// has completed. Its start-up allocates and frees a little, charged like any
+    /// thread's: from the first pass on, an idle process's account holds still.
+    pub sampler_passes: u64,
     /// The retry machine.
     pub retry: RetryStats,
     /// The container's view: cgroup and memory pressure.

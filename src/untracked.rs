@@ -20,7 +20,7 @@ use crate::quota::Quota;
 use crate::reclaim;
 use crate::settings;
 use crate::stats::JemallocStats;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// Time between two samples. A sample (a `statm` read and jemalloc's statistics
@@ -28,6 +28,13 @@ use std::time::Duration;
 pub(crate) const INTERVAL: Duration = Duration::from_millis(50);
 
 static STARTED: AtomicBool = AtomicBool::new(false);
+/// Passes completed (`Stats::sampler_passes`).
+static PASSES: AtomicU64 = AtomicU64::new(0);
+
+/// Passes the sampler has completed.
+pub(crate) fn passes() -> u64 {
+    PASSES.load(Relaxed)
+}
 
 /// Starts the sampler thread, once per process (not in a fork child). Returns
 /// whether it runs (or was started before).
@@ -47,6 +54,7 @@ pub(crate) fn ensure_sampling() -> bool {
             // After the first pass: its sample and purge decision come as soon as
             // the thread starts, as they did before the watch existed.
             watch.get_or_insert_with(container::Watch::start).pass();
+            PASSES.fetch_add(1, Relaxed);
             purger.wait(INTERVAL);
         }
     });

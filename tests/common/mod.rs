@@ -4,6 +4,18 @@
 
 use std::time::Instant;
 
+/// Waits (polling, no sleeping; at most 30 s) until memquota's sampler thread has
+/// finished starting: its start-up allocates and frees a little, charged like any
+/// thread's, and a check that compares the process account before and after must
+/// not see it (a delayed start landed in such a window now and then under load).
+pub fn wait_for_sampler() {
+    let start = Instant::now();
+    while memquota::stats().sampler_passes < 2 {
+        assert!(start.elapsed().as_secs() < 30, "the sampler thread never completed two passes");
+        std::thread::yield_now();
+    }
+}
+
 /// Runs the named checks in order, printing one line each, then `N passed; M failed`.
 /// Exits non-zero if any failed. A check fails by panicking.
 pub fn run(checks: &[(&str, fn())]) {
