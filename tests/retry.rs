@@ -57,6 +57,17 @@ fn buffer(bytes: u64) -> memquota::Result<Vec<u8>> {
     Ok(v)
 }
 
+/// Holds a task's third buffer until all four tasks have asked for theirs, so the
+/// requests overlap whatever the scheduling: on a loaded machine a task could
+/// otherwise finish and free before the next one asked, and none would have to wait.
+/// Polled, no sleeping; the tasks still short are blocked in memquota meanwhile, and
+/// a task that holds its buffer here is running, so no deadlock is declared.
+fn hold_until_all_asked(asked: &AtomicUsize) {
+    while asked.load(SeqCst) < 4 {
+        std::thread::yield_now();
+    }
+}
+
 /// The case: 256 MiB, 100 MiB held outside any scope, 4 tasks each needing
 /// 3 x 16 MiB at once. All hold 2 buffers before any takes its third (a barrier), so
 /// 4 x 48 MiB cannot be held together: plain requests are refused; in retry blocks
@@ -90,10 +101,10 @@ fn four_tasks_complete_where_plain_refusal_fails() {
 
     // The same in retry blocks.
     let before = memquota::stats();
-    let go = Arc::new(Barrier::new(4));
+    let (go, asked) = (Arc::new(Barrier::new(4)), Arc::new(AtomicUsize::new(0)));
     let results: Vec<_> = (0..4u64)
         .map(|id| {
-            let go = Arc::clone(&go);
+            let (go, asked) = (Arc::clone(&go), Arc::clone(&asked));
             std::thread::spawn(move || {
                 let scope = mm().begin("retry", id, 0).unwrap();
                 let mut first = true;
@@ -102,8 +113,10 @@ fn four_tasks_complete_where_plain_refusal_fails() {
                     let b = buffer(16 * MIB)?;
                     if std::mem::take(&mut first) {
                         go.wait();
+                        asked.fetch_add(1, SeqCst);
                     }
                     let c = buffer(16 * MIB)?;
+                    hold_until_all_asked(&asked);
                     Ok(a.len() + b.len() + c.len())
                 });
                 assert!(!scope.end().is_leak());
@@ -435,10 +448,10 @@ fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
     let _outside = buffer(100 * MIB).unwrap();
     let before = memquota::stats();
     let spill_calls = Arc::new(AtomicUsize::new(0));
-    let go = Arc::new(Barrier::new(4));
+    let (go, asked) = (Arc::new(Barrier::new(4)), Arc::new(AtomicUsize::new(0)));
     let results: Vec<_> = (0..4u64)
         .map(|id| {
-            let (go, calls) = (Arc::clone(&go), Arc::clone(&spill_calls));
+            let (go, asked, calls) = (Arc::clone(&go), Arc::clone(&asked), Arc::clone(&spill_calls));
             std::thread::spawn(move || {
                 let scope = mm().begin("misbehaving", id, 0).unwrap();
                 type Cache = Option<(memquota::Reservation, Vec<u8>)>;
@@ -466,8 +479,10 @@ fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
                     let b = buffer(16 * MIB)?;
                     if std::mem::take(&mut first) {
                         go.wait();
+                        asked.fetch_add(1, SeqCst);
                     }
                     let c = buffer(16 * MIB)?;
+                    hold_until_all_asked(&asked);
                     Ok(a.len() + b.len() + c.len())
                 });
                 cache.lock().unwrap().take();
