@@ -61,16 +61,6 @@ fn credit(bytes: usize) {
     }
 }
 
-/// The slow path of a free, after the block was given back: its owner record (if
-/// it is big and has one) says whom to credit.
-#[cold]
-#[inline(never)]
-fn credit_freed(ptr: *mut u8, size: usize) {
-    if !scope::note_free(ptr as usize, size as u64) {
-        charge_slow(&RUST_FACE, -(size as i64));
-    }
-}
-
 /// Whether the fast path took the charge of `bytes`.
 #[inline(always)]
 fn charged_fast(bytes: usize) -> bool {
@@ -119,11 +109,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if with_rust_local(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.dealloc_slow(ptr, layout) };
+        }
         // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        if with_rust_local(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
-            credit_freed(ptr, layout.size());
-        }
     }
 
     #[inline]
@@ -139,6 +130,21 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
 }
 
 impl<A: GlobalAlloc> QuotaAlloc<A> {
+    /// `dealloc` past the fast path: the block is given back first, then its owner
+    /// record (if it is big and has one) says whom to credit.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.dealloc(ptr, layout) };
+        if !scope::note_free(ptr as usize, layout.size() as u64) {
+            charge_slow(&RUST_FACE, -(layout.size() as i64));
+        }
+    }
+
     /// `alloc` past the fast path: the policy, then the allocation, then a big
     /// block's owner record.
     ///
