@@ -243,6 +243,23 @@ pub fn try_charge(l: &Local, bytes: u64) -> bool {
     take(&l.up, bytes)
 }
 
+/// [`try_charge`] for a fast path that leaves by a tail call on a miss (the preload's
+/// `malloc`): on false the charge is still recorded, and the miss path must call
+/// [`undo_charge`] with the same `bytes` before anything else touches the ledger.
+/// Putting the bytes back inline cost that `malloc` a stack frame to keep its
+/// argument across the call.
+#[inline(always)]
+pub fn charge_or_miss(l: &Local, bytes: u64) -> bool {
+    let (left, borrow) = l.up.get().overflowing_sub(bytes);
+    l.up.set(left);
+    !borrow && left != 0
+}
+
+/// Takes back the charge a false [`charge_or_miss`] left recorded.
+pub fn undo_charge(l: &Local, bytes: u64) {
+    give_back(&l.up, bytes);
+}
+
 /// Records a credit of `bytes` if the thread's frees since its last flush stay under
 /// its slack.
 #[inline(always)]
