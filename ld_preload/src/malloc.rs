@@ -380,6 +380,17 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         }
         return enomem();
     }
+    // jemalloc adds the new block's usable size to this thread's total of allocated
+    // bytes when a resize succeeds (moved or in place): read just around the call, its
+    // movement is the size the block now has, where a second `sallocx` was a lookup.
+    let total = slot().allocated.get();
+    let before = if total.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null `allocated` is this thread's thread.allocatedp, valid while
+        // the thread lives and written only by it.
+        unsafe { total.read_volatile() }
+    };
     let q = match how {
         // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
         Resize::Realloc => unsafe { jem::realloc(p, n) },
@@ -397,8 +408,13 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
-    // SAFETY: `q` is non-null, so the live block jemalloc just returned.
-    let now = unsafe { jem::sallocx(q, 0) };
+    let now = if total.is_null() {
+        // SAFETY: `q` is non-null, so the live block jemalloc just returned.
+        unsafe { jem::sallocx(q, 0) }
+    } else {
+        // SAFETY: as for `before`; jemalloc has just written it, on this thread.
+        (unsafe { total.read_volatile() }).wrapping_sub(before) as usize
+    };
     let counted = old + grow;
     if now != counted {
         face::record(&FACE, now as i64 - counted as i64);
