@@ -2,7 +2,7 @@
 //! allocated minus the bytes it freed; the delta is flushed to the process
 //! [`Account`] when its magnitude would reach the thread's slack, at thread exit, and
 //! on [`flush`]. No lock, no allocation, no syscall and no shared write on the fast
-//! path: a thread-local load, one compare and a store.
+//! path: one subtract from a thread-local counter and a branch.
 //!
 //! Error bound: after every operation `|delta| < slack`, so the process total differs
 //! from the true sum of live allocation sizes by less than the sum of the live
@@ -156,8 +156,8 @@ enum Phase {
 #[repr(C)]
 pub struct Local {
     /// `slack` minus the bytes this thread allocated since its last flush: what its
-    /// fast path may still charge. Kept above zero, so each charge is one unsigned
-    /// compare and a store, and touches nothing else.
+    /// fast path may still charge. Kept above zero, so each charge is one subtract and
+    /// a branch on its flags, and touches nothing else.
     up: Cell<u64>,
     /// `slack` minus the bytes this thread freed since its last flush: what its fast
     /// path may still credit. Kept above zero. The delta is `down - up`; with both in
@@ -250,9 +250,7 @@ pub fn try_charge(l: &Local, bytes: u64) -> bool {
 /// argument across the call.
 #[inline(always)]
 pub fn charge_or_miss(l: &Local, bytes: u64) -> bool {
-    let (left, borrow) = l.up.get().overflowing_sub(bytes);
-    l.up.set(left);
-    !borrow && left != 0
+    subtract(&l.up, bytes)
 }
 
 /// Takes back the charge a false [`charge_or_miss`] left recorded.
@@ -275,13 +273,20 @@ pub fn try_credit(l: &Local, bytes: u64) -> bool {
 /// the branch and a store (the disassembly of `benches/alloc.rs`).
 #[inline(always)]
 fn take(room: &Cell<u64>, bytes: u64) -> bool {
-    let (left, borrow) = room.get().overflowing_sub(bytes);
-    room.set(left);
-    let fits = !borrow && left != 0;
+    let fits = subtract(room, bytes);
     if !fits {
         give_back(room, bytes);
     }
     fits
+}
+
+/// Subtracts `bytes` from `room` and stores the result whatever it is; true if some
+/// room is left.
+#[inline(always)]
+fn subtract(room: &Cell<u64>, bytes: u64) -> bool {
+    let (left, borrow) = room.get().overflowing_sub(bytes);
+    room.set(left);
+    !borrow && left != 0
 }
 
 #[cold]
