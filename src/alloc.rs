@@ -61,30 +61,37 @@ fn credit(bytes: usize) {
     }
 }
 
-/// The slow path of a free, after the block was given back: its owner record (if
-/// it is big and has one) says whom to credit.
-#[cold]
-#[inline(never)]
-fn credit_freed(ptr: *mut u8, size: usize) {
-    if !scope::note_free(ptr as usize, size as u64) {
-        charge_slow(&RUST_FACE, -(size as i64));
-    }
-}
-
-/// Whether the fast path took the charge of `bytes`.
+/// Whether the fast path took the charge of `bytes`. On false a miss may be left
+/// recorded: the caller's slow path starts with [`undo_miss`]. Putting the bytes back
+/// here, a call `alloc` cannot make in tail position, made its whole fast path keep
+/// registers across it (three pushes per call, `MEMQUOTA_BENCH_SHIM=1` disassembly).
 #[inline(always)]
 fn charged_fast(bytes: usize) -> bool {
     // Layout sizes never exceed isize::MAX, so the casts are exact.
-    with_rust_local(|l| ledger::try_charge(l, bytes as u64)) == Some(true)
+    with_rust_local(|l| ledger::charge_or_miss(l, bytes as u64)) == Some(true)
+}
+
+/// Takes back the miss a false [`charged_fast`] left recorded.
+fn undo_miss(bytes: usize) {
+    with_rust_local(|l| ledger::undo_charge(l, bytes as u64));
 }
 
 /// Gives the charge of a failed allocation back.
 #[inline(always)]
 fn taken(p: *mut u8, size: usize) -> *mut u8 {
     if p.is_null() {
-        credit(size);
+        refund(size);
     }
     p
+}
+
+/// Out of line, so that only the size, not the ledger's thread-local address, stays
+/// live across the backing allocator's call: one register saved in `alloc`, was three
+/// (the shim table of `benches/alloc.rs`, docs/benchmarks.md).
+#[cold]
+#[inline(never)]
+fn refund(size: usize) {
+    credit(size);
 }
 
 // SAFETY: every method forwards to `inner` with the caller's arguments unchanged, so
@@ -119,11 +126,12 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if with_rust_local(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.dealloc_slow(ptr, layout) };
+        }
         // SAFETY: the caller guarantees `ptr` came from this allocator with `layout`.
         unsafe { self.inner.dealloc(ptr, layout) };
-        if with_rust_local(|l| ledger::try_credit(l, layout.size() as u64)) != Some(true) {
-            credit_freed(ptr, layout.size());
-        }
     }
 
     #[inline]
@@ -139,14 +147,30 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
 }
 
 impl<A: GlobalAlloc> QuotaAlloc<A> {
-    /// `alloc` past the fast path: the policy, then the allocation, then a big
-    /// block's owner record.
+    /// `dealloc` past the fast path: the block is given back first, then its owner
+    /// record (if it is big and has one) says whom to credit.
+    ///
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded contract.
+        unsafe { self.inner.dealloc(ptr, layout) };
+        if !scope::note_free(ptr as usize, layout.size() as u64) {
+            charge_slow(&RUST_FACE, -(layout.size() as i64));
+        }
+    }
+
+    /// `alloc` past the fast path (a miss of [`charged_fast`]): the policy, then the
+    /// allocation, then a big block's owner record.
     ///
     /// # Safety
     /// As [`GlobalAlloc::alloc`].
     #[cold]
     #[inline(never)]
     unsafe fn alloc_slow(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        undo_miss(layout.size());
         // Every thread's first allocation comes here: the process's first installs the
         // fork handlers and starts the sampler, for a program that never calls `init`.
         crate::fork::install();

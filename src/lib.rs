@@ -97,7 +97,10 @@ pub mod face {
     pub use crate::endpoint::DEFAULT_METRICS_ADDR;
     pub use crate::export::metric;
     pub use crate::host::{cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
-    pub use crate::ledger::{enter, spawn_service, thread_exit, try_charge, try_credit, Busy, Face, Local};
+    pub use crate::ledger::{
+        charge_or_miss, enter, spawn_service, thread_exit, try_charge, try_credit, undo_charge, Busy, Face,
+        Local,
+    };
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_container, write_untracked_note};
     pub use crate::scope::{

@@ -7,9 +7,10 @@
 //! library's; this crate only translates. jemalloc takes its options from
 //! `MALLOC_CONF` as well as its own `_RJEM_MALLOC_CONF` (`malloc_conf.rs`).
 //!
-//! Accounting is in jemalloc's usable sizes, read from jemalloc's own per-thread
-//! totals of bytes allocated and freed around each call: `free(p)` and `malloc(n)`
-//! under 4 KiB cost no size lookup. Larger requests are charged before memory is
+//! Accounting is in jemalloc's usable sizes: `free(p)` credits what jemalloc's
+//! per-thread total of freed bytes moved by across the call, `malloc(n)` under 4 KiB
+//! charges a size class from a table filled from `nallocx` at load, before memory is
+//! taken; neither costs a size lookup. Larger requests are charged before memory is
 //! taken, with the size class computed (checked against `nallocx` at load) or asked
 //! of `nallocx`.
 #![deny(unsafe_op_in_unsafe_fn)]

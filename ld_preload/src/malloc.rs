@@ -4,7 +4,7 @@
 //! Exported with `#[cfg_attr(not(test), no_mangle)]` so this crate's own unit tests
 //! do not interpose themselves.
 
-use crate::size_class::usable;
+use crate::size_class::{small_usable, usable, SMALL_MAX};
 use crate::tls::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
 use memquota_core::face;
@@ -61,102 +61,92 @@ fn enomem() -> *mut c_void {
     null_mut()
 }
 
-/// Requests under this are charged just after jemalloc serves them, by how much its
-/// per-thread total of allocated bytes moved: no size-class arithmetic on the hot
-/// path. Larger ones are charged before memory is taken.
+/// `mallocx` requests under this, with an alignment under it too, are charged just
+/// after jemalloc serves them, by how much its per-thread total of allocated bytes
+/// moved: the flags (alignment) change the size class, and `nallocx` would be a second
+/// call. Larger ones are charged before memory is taken.
 const CHARGE_AFTER_MAX: usize = 4096;
 
-/// The jemalloc call that serves an allocation.
-#[derive(Clone, Copy)]
-pub(crate) enum Take {
-    /// `malloc(n)`.
-    Malloc,
-    /// `mallocx(n, flags)`: jemalloc's flags (alignment, zero, tcache, arena).
-    Mallocx(c_int),
-}
-
-impl Take {
-    /// The flags that describe the block to `sdallocx` and `nallocx`.
-    #[inline(always)]
-    fn flags(self) -> c_int {
-        match self {
-            Take::Malloc => 0,
-            Take::Mallocx(flags) => flags,
-        }
-    }
-
-    /// Whether a request of fewer than [`CHARGE_AFTER_MAX`] bytes this way stays under
-    /// it whatever jemalloc makes of it: its alignment (`MALLOCX_LG_ALIGN`, the low
-    /// six bits of the flags) is under it too.
-    #[inline(always)]
-    fn small_alignment(self) -> bool {
-        1usize << (self.flags() & 63) < CHARGE_AFTER_MAX
-    }
-
-    /// Allocates.
-    ///
-    /// # Safety
-    /// For [`Take::Mallocx`], `n >= 1` and the flags are valid for jemalloc's
-    /// `mallocx` (an arena or tcache they name exists).
-    #[inline(always)]
-    unsafe fn call(self, n: size_t) -> *mut c_void {
-        match self {
-            // SAFETY: plain jemalloc malloc.
-            Take::Malloc => unsafe { jem::malloc(n) },
-            // SAFETY: n >= 1 and valid flags (this function's contract).
-            Take::Mallocx(flags) => unsafe { jem::mallocx(n, flags) },
-        }
-    }
-}
-
-/// `malloc`.
+/// `malloc`. Under [`SMALL_MAX`] the usable size is one table load, charged before
+/// memory is taken, and only the call to jemalloc needs a stack frame (to keep the
+/// size for a refund if jemalloc fails): reading jemalloc's per-thread total before
+/// and after the call, as before, kept the thread's slot, the total's address and
+/// its old value across the call, three registers saved and restored per call.
+/// Every other way out is a tail call.
 #[inline(always)]
 fn alloc(n: size_t) -> *mut c_void {
-    let s = slot();
-    let total = s.allocated.get();
-    if n < CHARGE_AFTER_MAX && !total.is_null() {
-        // SAFETY: `total` is this thread's thread.allocatedp (just read from its slot);
-        // Take::Malloc has no precondition.
-        return unsafe { charge_after(s, total, n, Take::Malloc) };
+    if n < SMALL_MAX {
+        let size = small_usable(n);
+        if size != 0 {
+            if !face::charge_or_miss(local(), size as u64) {
+                return missed(n, size);
+            }
+            // SAFETY: plain jemalloc malloc.
+            let p = unsafe { jem::malloc(n) };
+            if p.is_null() {
+                return refund(size);
+            }
+            return p;
+        }
     }
     charge_first(n)
 }
 
+/// A small `malloc` whose charge missed the fast path: take the miss back, then
+/// charge through the slow path. `extern "C"`, like the other cold exits of
+/// `malloc`, so that it cannot unwind: the caller then needs no landing pad and
+/// reaches it by a jump.
+#[cold]
+#[inline(never)]
+extern "C" fn missed(n: size_t, size: usize) -> *mut c_void {
+    face::undo_charge(local(), size as u64);
+    charge_first(n)
+}
+
+/// Gives back the charge of an allocation jemalloc failed.
+#[cold]
+#[inline(never)]
+extern "C" fn refund(size: usize) -> *mut c_void {
+    credit(size);
+    enomem()
+}
+
 /// `mallocx`: under [`CHARGE_AFTER_MAX`] with an alignment under it too, charged just
-/// after like `malloc`; otherwise before memory is taken, with `nallocx`.
+/// after; otherwise before memory is taken, with `nallocx`.
 ///
 /// # Safety
-/// [`Take::call`]'s for [`Take::Mallocx`]: `n >= 1`, the flags valid for `mallocx`.
+/// `n >= 1` and the flags are valid for jemalloc's `mallocx` (an arena or tcache they
+/// name exists).
 #[inline(always)]
 pub(crate) unsafe fn alloc_flags(n: size_t, flags: c_int) -> *mut c_void {
-    let take = Take::Mallocx(flags);
     let s = slot();
     let total = s.allocated.get();
-    if n < CHARGE_AFTER_MAX && take.small_alignment() && !total.is_null() {
+    // The alignment is `MALLOCX_LG_ALIGN`, the low six bits of the flags.
+    if n < CHARGE_AFTER_MAX && 1usize << (flags & 63) < CHARGE_AFTER_MAX && !total.is_null() {
         // SAFETY: `total` is this thread's thread.allocatedp (just read from its slot);
-        // this function's contract is Take::call's.
-        return unsafe { charge_after(s, total, n, take) };
+        // this function's contract is charge_after's.
+        return unsafe { charge_after(s, total, n, flags) };
     }
     // SAFETY: nallocx has no preconditions; with mallocx's size and flags it gives the
     // usable size mallocx will return.
     let size = unsafe { jem::nallocx(n, flags) };
-    // SAFETY: this function's contract is Take::call's.
-    charged(size, || unsafe { take.call(n) })
+    // SAFETY: n >= 1 and valid flags (this function's contract).
+    charged(size, || unsafe { jem::mallocx(n, flags) })
 }
 
-/// Allocates a small block `take`, then charges what jemalloc's per-thread total of
-/// allocated bytes moved by; refused, the block goes straight back.
+/// `mallocx(n, flags)` of a small block, then charges what jemalloc's per-thread total
+/// of allocated bytes moved by; refused, the block goes straight back.
 ///
 /// # Safety
 /// `total` is the calling thread's `thread.allocatedp` (from its slot, non-null);
-/// [`Take::call`]'s contract for `take` and `n`.
+/// `n >= 1` and the flags are valid for jemalloc's `mallocx`.
 #[inline(always)]
-unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, take: Take) -> *mut c_void {
+unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> *mut c_void {
     // SAFETY: `total` points into this thread's jemalloc state (thread.allocatedp),
     // valid while the thread lives, written only by it (this function's contract).
     let before = unsafe { total.read_volatile() };
-    // SAFETY: this function's contract is Take::call's.
-    let p = unsafe { take.call(n) };
+    // SAFETY: n >= 1 and valid flags (this function's contract).
+    let p = unsafe { jem::mallocx(n, flags) };
     if p.is_null() {
         return enomem();
     }
@@ -169,13 +159,14 @@ unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, take: Take) -> *m
     // Refused: give the few bytes back uncounted (they were never charged).
     // SAFETY: `p` is the live block just allocated with these flags, `size` its usable
     // size.
-    unsafe { jem::sdallocx(p, size, take.flags()) };
+    unsafe { jem::sdallocx(p, size, flags) };
     enomem()
 }
 
-/// `malloc`, charging the usable size of `n` before memory is taken.
+/// `malloc`, charging the usable size of `n` before memory is taken. `extern "C"`
+/// for the same reason as [`missed`].
 #[cold]
-fn charge_first(n: size_t) -> *mut c_void {
+extern "C" fn charge_first(n: size_t) -> *mut c_void {
     // SAFETY: plain jemalloc malloc.
     charged(usable(n), || unsafe { jem::malloc(n) })
 }
@@ -389,6 +380,17 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         }
         return enomem();
     }
+    // jemalloc adds the new block's usable size to this thread's total of allocated
+    // bytes when a resize succeeds (moved or in place): read just around the call, its
+    // movement is the size the block now has, where a second `sallocx` was a lookup.
+    let total = slot().allocated.get();
+    let before = if total.is_null() {
+        0
+    } else {
+        // SAFETY: a non-null `allocated` is this thread's thread.allocatedp, valid while
+        // the thread lives and written only by it.
+        unsafe { total.read_volatile() }
+    };
     let q = match how {
         // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
         Resize::Realloc => unsafe { jem::realloc(p, n) },
@@ -406,8 +408,13 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
-    // SAFETY: `q` is non-null, so the live block jemalloc just returned.
-    let now = unsafe { jem::sallocx(q, 0) };
+    let now = if total.is_null() {
+        // SAFETY: `q` is non-null, so the live block jemalloc just returned.
+        unsafe { jem::sallocx(q, 0) }
+    } else {
+        // SAFETY: as for `before`; jemalloc has just written it, on this thread.
+        (unsafe { total.read_volatile() }).wrapping_sub(before) as usize
+    };
     let counted = old + grow;
     if now != counted {
         face::record(&FACE, now as i64 - counted as i64);
