@@ -10,7 +10,7 @@ use memquota::{Config, Error, MemoryManager, QuotaAlloc};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::Duration;
-use support::MIB;
+use support::{buffer, MIB};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();
@@ -32,14 +32,6 @@ fn main() {
 
 fn mm() -> &'static MemoryManager {
     MemoryManager::global()
-}
-
-/// `bytes` taken fallibly, every page touched.
-fn buffer(bytes: u64) -> memquota::Result<Vec<u8>> {
-    let mut v: Vec<u8> = Vec::new();
-    v.try_reserve_exact(bytes as usize)?;
-    v.resize(bytes as usize, 1);
-    Ok(v)
 }
 
 fn native() -> i64 {

@@ -11,7 +11,7 @@ use proptest::test_runner::{Config as PropConfig, TestRunner};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
-use support::MIB;
+use support::{buffer, MIB};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();
@@ -46,15 +46,6 @@ fn main() {
 
 fn mm() -> &'static MemoryManager {
     MemoryManager::global()
-}
-
-/// `bytes` of memory taken fallibly, every page touched; `?` maps a refusal to
-/// memquota's error (a rollback or split inside a retry block).
-fn buffer(bytes: u64) -> memquota::Result<Vec<u8>> {
-    let mut v: Vec<u8> = Vec::new();
-    v.try_reserve_exact(bytes as usize)?;
-    v.resize(bytes as usize, 1);
-    Ok(v)
 }
 
 /// Holds a task's third buffer until all four tasks have asked for theirs, so the

@@ -473,3 +473,12 @@ pub fn wait_child(pid: libc::pid_t, timeout: Duration) -> Option<i32> {
     unsafe { libc::waitpid(pid, &mut status, 0) };
     exited.then_some(status)
 }
+
+/// `bytes` of memory taken fallibly, every page touched; `?` maps a refusal to
+/// memquota's error (a rollback or split inside a retry block).
+pub fn buffer(bytes: u64) -> memquota::Result<Vec<u8>> {
+    let mut v: Vec<u8> = Vec::new();
+    v.try_reserve_exact(bytes as usize)?;
+    v.resize(bytes as usize, 1);
+    Ok(v)
+}
