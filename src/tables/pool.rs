@@ -439,6 +439,9 @@ impl Pool {
     /// Ends a scope: returns its last figures and the process account's change (its
     /// unused reservation goes away; what it still holds stays, unscoped).
     pub(crate) fn end(&mut self, handle: u64) -> Option<(Scope, i64)> {
+        if budget::slot_of(handle).is_some() {
+            return None; // a budget's key names no scope to end
+        }
         let s = *self.scope(handle)?;
         let slot = index(handle);
         self.scopes[slot].live = false;
@@ -451,6 +454,15 @@ impl Pool {
         self.totals.leaked_bytes += u64::try_from(s.used).unwrap_or(0);
         for c in self.consumers.iter_mut().filter(|c| c.live && usize::from(c.scope) == slot) {
             c.live = false;
+        }
+        // Its budgets end with it: their grants go, their blocks are unscoped now (in
+        // its leak), and their keys go stale.
+        for b in self.budgets.iter_mut().filter(|b| b.scope == handle && !b.free()) {
+            if b.live {
+                self.budgets_live -= 1;
+                self.totals.borrowed_bytes += u64::try_from(b.borrowed).unwrap_or(0);
+            }
+            *b = Entry { gen: b.gen, ..Entry::EMPTY };
         }
         Some((s, s.used - s.held))
     }
@@ -883,6 +895,23 @@ mod tests {
         p.detach(b);
         assert_eq!(p.scope(h).map(|s| (s.used, s.held, s.attached)), Some((30, 50, 0)));
         assert_eq!(p.attribute(b, 5), 5, "a drained budget's key is stale");
+    }
+
+    #[test]
+    fn a_scope_ends_its_budgets() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let h = p.begin("t", 1, 0).unwrap();
+        let b = p.begin_budget(h).unwrap();
+        let grant = Ask::Reserve { bytes: 100, consumer: 0 };
+        assert!(matches!(p.try_grant(b, grant, false, true, Among::Begun), Decision::Granted { .. }));
+        assert_eq!(p.attribute(b, 30), 0);
+        assert!(p.end(b).is_none(), "a budget's key ends no scope");
+        assert!(p.lone_budget(b));
+        assert_eq!(p.end(h).map(|(s, d)| (s.used, d)), Some((30, -70)), "the grant goes, the use is a leak");
+        assert!(!p.is_budget(b) && !p.lone_budget(b) && p.budgets_live == 0);
+        assert_eq!(p.attribute(b, -30), -30, "its blocks are unscoped now");
+        assert_eq!(p.end_budget(b), 0, "dropping the Budget afterwards changes nothing");
     }
 
     #[test]
