@@ -48,15 +48,25 @@ fn mm() -> &'static MemoryManager {
     MemoryManager::global()
 }
 
-/// Holds a task's third buffer until all four tasks have asked for theirs, so the
-/// requests overlap whatever the scheduling: on a loaded machine a task could
-/// otherwise finish and free before the next one asked, and none would have to wait.
-/// Polled, no sleeping; the tasks still short are blocked in memquota meanwhile, and
-/// a task that holds its buffer here is running, so no deadlock is declared.
-fn hold_until_all_asked(asked: &AtomicUsize) {
+/// One attempt of the task: 3 x 16 MiB held at once. On the first attempt
+/// every task holds two buffers before any asks for its third (`go`); each then holds
+/// its third until all four have asked for theirs (`asked`), so the requests overlap
+/// whatever the scheduling: on a loaded machine a task could otherwise finish and free
+/// before the next one asked, and none would have to wait. Polled, no sleeping; the
+/// tasks still short are blocked in memquota meanwhile, and a task that holds its
+/// buffer here is running, so no deadlock is declared.
+fn three_buffers(go: &Barrier, asked: &AtomicUsize, first: &mut bool) -> memquota::Result<usize> {
+    let a = buffer(16 * MIB)?;
+    let b = buffer(16 * MIB)?;
+    if std::mem::take(first) {
+        go.wait();
+        asked.fetch_add(1, SeqCst);
+    }
+    let c = buffer(16 * MIB)?;
     while asked.load(SeqCst) < 4 {
         std::thread::yield_now();
     }
+    Ok(a.len() + b.len() + c.len())
 }
 
 /// The case: 256 MiB, 100 MiB held outside any scope, 4 tasks each needing
@@ -99,17 +109,7 @@ fn four_tasks_complete_where_plain_refusal_fails() {
             std::thread::spawn(move || {
                 let scope = mm().begin("retry", id, 0).unwrap();
                 let mut first = true;
-                let r = with_retry(&scope, || {
-                    let a = buffer(16 * MIB)?;
-                    let b = buffer(16 * MIB)?;
-                    if std::mem::take(&mut first) {
-                        go.wait();
-                        asked.fetch_add(1, SeqCst);
-                    }
-                    let c = buffer(16 * MIB)?;
-                    hold_until_all_asked(&asked);
-                    Ok(a.len() + b.len() + c.len())
-                });
+                let r = with_retry(&scope, || three_buffers(&go, &asked, &mut first));
                 assert!(!scope.end().is_leak());
                 r
             })
@@ -466,15 +466,7 @@ fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
                         let reservation = consumer.reserve(4 * MIB)?;
                         *cache.lock().unwrap() = Some((reservation, buffer(4 * MIB)?));
                     }
-                    let a = buffer(16 * MIB)?;
-                    let b = buffer(16 * MIB)?;
-                    if std::mem::take(&mut first) {
-                        go.wait();
-                        asked.fetch_add(1, SeqCst);
-                    }
-                    let c = buffer(16 * MIB)?;
-                    hold_until_all_asked(&asked);
-                    Ok(a.len() + b.len() + c.len())
+                    three_buffers(&go, &asked, &mut first)
                 });
                 cache.lock().unwrap().take();
                 r

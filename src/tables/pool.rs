@@ -697,22 +697,13 @@ impl Pool {
         let gap = u64::try_from(need.saturating_sub(room)).unwrap_or(0);
         // Waiting helps when the pool is short, not when the scope's own cap is.
         let capped = cap.saturating_sub(held.max(0)) < need;
-        // A budget short of room waits for other budgets in flight to free (a lone one
-        // over-commits instead); a new budget waits behind the runners borrowing a
-        // deficit (seed 001).
-        let borrows = self.others_in_flight(handle);
-        let behind_borrowers = budget && !alloc && need > 0 && self.borrowers > 0;
-        if behind_borrowers {
-            return if may_wait {
-                Decision::Wait { gap: gap.max(1) }
-            } else {
-                Decision::Short { gap: gap.max(1) }
-            };
+        // A new budget waits behind the runners borrowing a deficit (seed 001); a
+        // budget short of room waits in `admit.rs`, which counts the borrowers.
+        if budget && !alloc && need > 0 && self.borrowers > 0 {
+            let gap = gap.max(1);
+            return if may_wait { Decision::Wait { gap } } else { Decision::Short { gap } };
         }
-        if may_wait
-            && !capped
-            && granted < ask.bytes()
-            && (borrows || held.max(0).saturating_add(room) < share.min_per())
+        if may_wait && !capped && granted < ask.bytes() && held.max(0).saturating_add(room) < share.min_per()
         {
             return Decision::Wait { gap };
         }
