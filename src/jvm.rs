@@ -9,13 +9,19 @@
 //!   never inside malloc: the reclaim callback posts a request and waits (bounded by
 //!   [`GC_WAIT`]) while this thread does the work.
 //!
-//! A reclaim is Gluten's dynamic sizing without its faults: lower MinHeapFreeRatio
-//! and MaxHeapFreeRatio so the heap may shrink, `System.gc()`, again while the heap
-//! keeps shrinking and the request is not met (at most [`MAX_GCS`] times), then
-//! restore **both** flags to the values read just before, on every way out of the
-//! round (a failed heap read or GC included). A restore the JVM refuses is retried at
-//! each wake-up of the driver, and the next round restores those values, never the
-//! lowered ones it would read.
+//! A reclaim round first runs one `System.gc()` under the user's flags and waits for
+//! the JVM's reference handler to run the cleaners it found: the native memory of
+//! dead direct buffers, and whatever heap the JVM gives back by its own ratios, may
+//! already meet the request. Only if it falls short does the round shrink the heap,
+//! Gluten's dynamic sizing without its faults: lower MinHeapFreeRatio and
+//! MaxHeapFreeRatio so the heap may shrink, `System.gc()`, again while the heap keeps
+//! shrinking and the request is not met (at most [`MAX_GCS`] times), then restore
+//! **both** flags to the values read just before, on every way out of the round (a
+//! failed heap read or GC included). A restore the JVM refuses is retried at each
+//! wake-up of the driver, and the next round restores those values, never the
+//! lowered ones it would read. A heap shrunk when native garbage would have done
+//! grows straight back: a page fault for each page, and more collections while it
+//! is small.
 //!
 //! Used by the preload's JVMTI agent and by a Rust library loaded into a JVM (call
 //! [`install`] from `JNI_OnLoad`).
@@ -34,7 +40,8 @@ use std::time::Duration;
 pub const POLL: Duration = Duration::from_millis(100);
 /// The longest a reclaim callback waits for the driver's GC round.
 pub const GC_WAIT: Duration = Duration::from_secs(30);
-/// `System.gc()` calls in one reclaim, at most.
+/// `System.gc()` calls in one reclaim's shrink of the heap, at most (after the
+/// round's first GC).
 pub const MAX_GCS: u32 = 4;
 /// The least time between a GC and a background one: a full GC is costly, and a
 /// heap that churns above the soft threshold would otherwise be collected back to
@@ -176,7 +183,7 @@ fn drive(vm: JavaVM) {
         // every GC: try again at every wake-up until the user's values are back.
         restore_owed(&mut env, &mut owed);
         if let Some((ticket, need)) = round {
-            shrink(&mut env, need, &mut owed);
+            reclaim(&mut env, need, &mut owed);
             let mut r = lock(&REQUESTS);
             r.done = ticket;
             DONE.notify_all();
@@ -200,6 +207,11 @@ trait Vm {
     fn set_flag(&mut self, name: &str, value: &str) -> bool;
     /// `System.gc()`, counted in [`gcs`]; `false` if it threw.
     fn gc(&mut self) -> bool;
+    /// Waits for the cleaners the last GC found to run (they free direct buffers'
+    /// native memory on the JVM's reference handler thread, after the GC returns).
+    fn settle(&mut self);
+    /// Native + counted heap bytes, the heap read now; `None` if the JVM cannot say.
+    fn footprint(&mut self) -> Option<u64>;
 }
 
 impl Vm for JNIEnv<'_> {
@@ -224,7 +236,31 @@ impl Vm for JNIEnv<'_> {
         }
         done
     }
+
+    fn settle(&mut self) {
+        // `Reference.waitForReferenceProcessing` (JDK 9 and later; private, which
+        // JNI does not check) is what `Bits.reserveMemory` waits on: `true` while
+        // the handler made progress. Bounded; a JVM without it only makes the
+        // round's measure conservative.
+        for _ in 0..SETTLE_TRIES {
+            let progress =
+                self.call_static_method("java/lang/ref/Reference", "waitForReferenceProcessing", "()Z", &[]);
+            if !progress.and_then(|v| v.z()).unwrap_or(false) {
+                let _ = self.exception_clear();
+                return;
+            }
+        }
+    }
+
+    fn footprint(&mut self) -> Option<u64> {
+        self.heap()?;
+        let native = crate::ledger::ACCOUNT.native();
+        u64::try_from(native.saturating_add(crate::heap_probe::outside())).ok()
+    }
 }
+
+/// How many times a round asks the reference handler whether it is still busy.
+const SETTLE_TRIES: u32 = 16;
 
 /// MinHeapFreeRatio and MaxHeapFreeRatio as the user set them.
 #[derive(Clone, Debug, PartialEq)]
@@ -289,9 +325,22 @@ fn restore_owed(vm: &mut impl Vm, owed: &mut Option<Ratios>) {
     }
 }
 
-/// One reclaim round: free ratios down, GCs while the heap shrinks, ratios back.
-/// Ratios that cannot be read are left alone, and the GCs run anyway: they still free
-/// what they can.
+/// One reclaim round: a GC under the user's ratios, and a [`shrink`] for what it
+/// left of `need`. A footprint that cannot be read counts as nothing freed.
+fn reclaim(vm: &mut impl Vm, need: u64, owed: &mut Option<Ratios>) {
+    let Some(before) = vm.footprint() else { return shrink(vm, need, owed) };
+    if !vm.gc() {
+        return;
+    }
+    vm.settle();
+    let freed = vm.footprint().map_or(0, |after| before.saturating_sub(after));
+    if freed < need {
+        shrink(vm, need - freed, owed);
+    }
+}
+
+/// Free ratios down, GCs while the heap shrinks, ratios back. Ratios that cannot be
+/// read are left alone, and the GCs run anyway: they still free what they can.
 fn shrink(vm: &mut impl Vm, need: u64, owed: &mut Option<Ratios>) {
     let lowered = Lowered::lower(vm, owed);
     collect(&mut *lowered.vm, need);
@@ -413,6 +462,12 @@ mod tests {
         committed: u64,
         /// Each GC gives back this much of the heap.
         gc_frees: u64,
+        /// Native bytes, and the part of them the next GC finds dead: freed when
+        /// the round settles (the cleaners run after the GC).
+        native: u64,
+        native_garbage: u64,
+        found: u64,
+        settles: u32,
         /// Heap reads that succeed before every later one fails (`None`: all succeed).
         heap_reads_ok: Option<u32>,
         flag_reads_fail: bool,
@@ -430,6 +485,10 @@ mod tests {
                 max: 60,
                 committed: 600 * MIB,
                 gc_frees: 100 * MIB,
+                native: 300 * MIB,
+                native_garbage: 0,
+                found: 0,
+                settles: 0,
                 heap_reads_ok: None,
                 flag_reads_fail: false,
                 sets_fail: false,
@@ -476,7 +535,17 @@ mod tests {
             assert!(!self.gc_panics, "a GC that panics");
             self.gcs += 1;
             self.committed = self.committed.saturating_sub(self.gc_frees);
+            self.found += std::mem::take(&mut self.native_garbage);
             true
+        }
+
+        fn settle(&mut self) {
+            self.settles += 1;
+            self.native -= std::mem::take(&mut self.found);
+        }
+
+        fn footprint(&mut self) -> Option<u64> {
+            Some(self.heap()?.committed + self.native)
         }
     }
 
@@ -493,6 +562,40 @@ mod tests {
         assert_eq!(vm.sets, lowered_then_restored());
         assert_eq!(vm.ratios(), (20, 60));
         assert_eq!(owed, None);
+    }
+
+    #[test]
+    fn native_garbage_that_meets_the_need_leaves_the_heap_alone() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.native_garbage = 200 * MIB;
+        reclaim(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!((vm.gcs, vm.settles), (1, 1), "200 MiB of dead buffers + 100 MiB of heap meet 250 MiB");
+        assert_eq!(vm.sets, [], "the ratios were never lowered");
+        assert_eq!(vm.native, 100 * MIB);
+    }
+
+    #[test]
+    fn a_first_gc_that_frees_too_little_goes_on_to_shrink_the_heap_for_the_rest() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.native_garbage = 30 * MIB;
+        reclaim(&mut vm, 250 * MIB, &mut owed);
+        // The first GC freed 130 MiB (counted once the cleaners ran); the shrink's
+        // first GC gives 100 MiB more, its second the last 20.
+        assert_eq!(vm.gcs, 3);
+        assert_eq!(vm.sets, lowered_then_restored());
+        assert_eq!(vm.ratios(), (20, 60));
+        assert_eq!(owed, None);
+    }
+
+    #[test]
+    fn a_round_that_cannot_read_the_heap_shrinks_as_before() {
+        let (mut vm, mut owed) = (Model::new(), None);
+        vm.heap_reads_ok = Some(0);
+        vm.native_garbage = 300 * MIB;
+        reclaim(&mut vm, 250 * MIB, &mut owed);
+        assert_eq!(vm.gcs, 0, "no figure to stop on: the shrink's own read fails too");
+        assert_eq!(vm.ratios(), (20, 60));
+        assert_eq!(vm.sets, lowered_then_restored());
     }
 
     #[test]
@@ -588,6 +691,12 @@ mod tests {
         }
         fn gc(&mut self) -> bool {
             self.vm.gc()
+        }
+        fn settle(&mut self) {
+            self.vm.settle()
+        }
+        fn footprint(&mut self) -> Option<u64> {
+            self.vm.footprint()
         }
     }
 

@@ -13,13 +13,14 @@
 //! * The purge service (the sampler thread of `untracked.rs`, every 50 ms, every
 //!   10 ms while the process is past its soft threshold, and at once when asked)
 //!   purges every arena when the process's resident memory as it sees it passes the
-//!   soft threshold with at least [`Quota::dirty_floor`] dirty; after every reclaim;
+//!   limit with at least [`Quota::dirty_floor`] dirty (below the limit dirty pages
+//!   may use the room the budget's own bytes leave); after every reclaim;
 //!   under container pressure ([`under_pressure`]); and when dirty pages have waited
 //!   a whole purge interval (`MEMQUOTA_PURGE_INTERVAL`). Its view: native + counted
 //!   heap + the resident bytes the budget does not count (jemalloc's unused bytes,
 //!   and untracked memory even under `MEMQUOTA_UNTRACKED=report`: resident whether
 //!   counted or not). A grant on the slow path that finds the last measurement past
-//!   the soft threshold wakes it at once.
+//!   the limit wakes it at once.
 //! * A user's own decay or background-thread options win (`MALLOC_CONF`,
 //!   `_RJEM_MALLOC_CONF`, a compiled-in `malloc_conf`, or a value set at run time
 //!   before memquota looked): jemalloc's decay is left as they set it and there is no
@@ -41,7 +42,7 @@ use std::time::{Duration, Instant};
 /// Why a purge ran.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// Native, heap and uncounted resident bytes passed the soft threshold.
+    /// Native, heap and uncounted resident bytes passed the limit.
     Budget = 0,
     /// A reclaim ran: what it freed leaves the process.
     Reclaim = 1,
@@ -109,11 +110,11 @@ pub(crate) fn under_pressure() {
 
 /// After a grant left `native` next to `outside` (what the budget counts beside
 /// it): wakes the service when the last measurement of the resident bytes the budget
-/// does not count puts the process past the soft threshold and jemalloc's dirty
-/// pages are worth a purge. Two relaxed loads otherwise.
+/// does not count puts the process past its limit and jemalloc's dirty pages are
+/// worth a purge. Two relaxed loads otherwise.
 pub(crate) fn after_grant(quota: Quota, native: i64, outside: i64) {
     let dirty = DIRTY.load(Relaxed);
-    if dirty >= quota.dirty_floor() && crowded(quota, native, outside, UNCOUNTED.load(Relaxed)) {
+    if dirty >= quota.dirty_floor() && past(quota, quota.limit, native, outside, UNCOUNTED.load(Relaxed)) {
         request(Kind::Budget);
     }
 }
@@ -125,10 +126,11 @@ fn uncounted(je: &JemallocStats) -> u64 {
     je.unused().saturating_add(untracked)
 }
 
-/// Whether native + outside + `uncounted` resident bytes are past the soft threshold.
-fn crowded(quota: Quota, native: i64, outside: i64, uncounted: u64) -> bool {
+/// Whether native + outside + `uncounted` resident bytes are past `line` (the limit
+/// or the soft threshold of `quota`; no line without a limit).
+fn past(quota: Quota, line: i64, native: i64, outside: i64, uncounted: u64) -> bool {
     let uncounted = i64::try_from(uncounted).unwrap_or(i64::MAX);
-    quota.limit != i64::MAX && native.saturating_add(outside).saturating_add(uncounted) > quota.soft
+    quota.limit != i64::MAX && native.saturating_add(outside).saturating_add(uncounted) > line
 }
 
 /// What one pass of the service saw.
@@ -154,7 +156,9 @@ fn decide(s: &Seen) -> Option<Kind> {
         Some(Kind::Pressure)
     } else if s.requests & Kind::Reclaim.bit() != 0 {
         Some(Kind::Reclaim)
-    } else if s.dirty >= s.quota.dirty_floor() && crowded(s.quota, s.native, s.outside, s.uncounted) {
+    } else if s.dirty >= s.quota.dirty_floor()
+        && past(s.quota, s.quota.limit, s.native, s.outside, s.uncounted)
+    {
         Some(Kind::Budget)
     } else if s.ours && s.interval.is_some_and(|i| s.idle_for >= i) {
         Some(Kind::Idle)
@@ -212,7 +216,7 @@ impl Service {
         let uncounted = uncounted(&now);
         UNCOUNTED.store(uncounted, Relaxed);
         DIRTY.store(now.dirty, Relaxed);
-        self.crowded = crowded(seen.quota, seen.native, seen.outside, uncounted);
+        self.crowded = past(seen.quota, seen.quota.soft, seen.native, seen.outside, uncounted);
     }
 
     /// Parks the service thread until its next pass: after `period`, or
@@ -411,21 +415,26 @@ mod tests {
     }
 
     #[test]
-    fn uncounted_resident_bytes_count_toward_the_soft_threshold() {
+    fn dirty_pages_may_fill_the_room_under_the_limit_and_no_more() {
         let q = Quota::new(1 << 30, 0.85);
-        // 800 MiB native + 100 MiB uncounted > 870.4 MiB soft: purge the 60 MiB dirty.
-        let near = Seen { native: 800 << 20, uncounted: 100 << 20, ..seen() };
-        assert_eq!(decide(&near), Some(Kind::Budget));
-        // The heap counts, and the user's own decay does not stop a budget purge.
+        // 900 MiB native + 100 MiB uncounted: past the soft threshold (870.4 MiB), not
+        // past the limit. The dirty pages use room the budget does not: no purge.
+        let between = Seen { native: 900 << 20, uncounted: 100 << 20, ..seen() };
+        assert_eq!(decide(&between), None);
+        // 990 MiB native + 60 MiB uncounted (dirty pages included) > 1 GiB: purge.
+        let past_it = Seen { native: 990 << 20, uncounted: 60 << 20, ..seen() };
+        assert_eq!(decide(&past_it), Some(Kind::Budget));
+        // The heap counts, and so does untracked memory in the uncounted bytes; the
+        // user's own decay does not stop a budget purge.
         let heap =
-            Seen { native: 400 << 20, outside: 400 << 20, uncounted: 100 << 20, ours: false, ..seen() };
+            Seen { native: 500 << 20, outside: 500 << 20, uncounted: 100 << 20, ours: false, ..seen() };
         assert_eq!(decide(&heap), Some(Kind::Budget));
         // Under the floor (a 256th of the limit, 4 MiB here) a purge is not worth it.
         assert_eq!(q.dirty_floor(), 4 * MIB);
-        assert_eq!(decide(&Seen { dirty: 4 * MIB - 1, ..near }), None);
-        assert_eq!(decide(&Seen { dirty: 4 * MIB, ..near }), Some(Kind::Budget));
-        // No limit: never crowded.
-        assert_eq!(decide(&Seen { quota: Quota::new(u64::MAX, 0.85), native: i64::MAX, ..near }), None);
+        assert_eq!(decide(&Seen { dirty: 4 * MIB - 1, ..past_it }), None);
+        assert_eq!(decide(&Seen { dirty: 4 * MIB, ..past_it }), Some(Kind::Budget));
+        // No limit: never past it.
+        assert_eq!(decide(&Seen { quota: Quota::new(u64::MAX, 0.85), native: i64::MAX, ..past_it }), None);
     }
 
     #[test]
