@@ -12,9 +12,10 @@
 //!   arena, which also turns off the eager purge of large extents).
 //! * The purge service (the sampler thread of `untracked.rs`, every 50 ms, every
 //!   10 ms while the process is past its soft threshold, and at once when asked)
-//!   purges every arena when the process's resident memory as it sees it passes the
-//!   limit with at least [`Quota::dirty_floor`] dirty (below the limit dirty pages
-//!   may use the room the budget's own bytes leave); after every reclaim;
+//!   purges when the process's resident memory as it sees it passes the limit with
+//!   at least [`Quota::dirty_floor`] dirty, the fullest arenas until the excess is
+//!   covered (below the limit dirty pages may use the room the budget's own bytes
+//!   leave); every arena after every reclaim;
 //!   under container pressure ([`under_pressure`]); and when dirty pages have waited
 //!   a whole purge interval (`MEMQUOTA_PURGE_INTERVAL`). Its view: native + counted
 //!   heap + the resident bytes the budget does not count (jemalloc's unused bytes,
@@ -148,6 +149,19 @@ struct Seen {
     ours: bool,
 }
 
+impl Seen {
+    /// How far native + outside + uncounted bytes stand past the limit.
+    fn excess(&self) -> u64 {
+        let uncounted = i64::try_from(self.uncounted).unwrap_or(i64::MAX);
+        let over = self
+            .native
+            .saturating_add(self.outside)
+            .saturating_add(uncounted)
+            .saturating_sub(self.quota.limit);
+        u64::try_from(over).unwrap_or(0)
+    }
+}
+
 /// Whether to purge now, and why: the policy, pure.
 fn decide(s: &Seen) -> Option<Kind> {
     if s.dirty == 0 {
@@ -207,7 +221,11 @@ impl Service {
         };
         let now = match decide(&seen) {
             Some(kind) => {
-                let after = purge(kind, je);
+                // Past the limit only the excess (and a floor's margin) goes: the
+                // other arenas' dirty pages stay for reuse.
+                let want =
+                    (kind == Kind::Budget).then(|| seen.excess().saturating_add(seen.quota.dirty_floor()));
+                let after = purge(kind, je, want);
                 self.last_purge = Instant::now();
                 after
             }
@@ -231,23 +249,69 @@ impl Service {
     }
 }
 
-/// Purges every arena's dirty pages, counts it, and returns the statistics after.
-fn purge(kind: Kind, before: &JemallocStats) -> JemallocStats {
-    // SAFETY: a NUL-terminated name (4096 is MALLCTL_ARENAS_ALL) of a control that
-    // takes no input and gives no output.
+/// Purges the dirty pages of every arena, or with `want`, of the arenas with the most
+/// until at least `want` bytes go; counts it, and returns the statistics after.
+fn purge(kind: Kind, before: &JemallocStats, want: Option<u64>) -> JemallocStats {
+    match want {
+        None => purge_arena(MALLCTL_ARENAS_ALL),
+        Some(want) => {
+            for arena in fullest(dirty_by_arena(), want) {
+                purge_arena(arena);
+            }
+        }
+    }
+    let after = JemallocStats::read();
+    PURGES[kind as usize].fetch_add(1, Relaxed);
+    PURGED.fetch_add(after.purged.saturating_sub(before.purged), Relaxed);
+    after
+}
+
+/// jemalloc's name for all arenas at once in `arena.<i>.*` and `stats.arenas.<i>.*`.
+const MALLCTL_ARENAS_ALL: u32 = 4096;
+
+/// Forces arena `arena`'s dirty pages out.
+fn purge_arena(arena: u32) {
+    let name = format!("arena.{arena}.purge\0");
+    // SAFETY: a NUL-terminated name of a control that takes no input and gives no
+    // output; an arena that does not exist is an error code, ignored.
     unsafe {
         tikv_jemalloc_sys::mallctl(
-            c"arena.4096.purge".as_ptr(),
+            name.as_ptr().cast(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             0,
         )
     };
-    let after = JemallocStats::read();
-    PURGES[kind as usize].fetch_add(1, Relaxed);
-    PURGED.fetch_add(after.purged.saturating_sub(before.purged), Relaxed);
-    after
+}
+
+/// Each arena's dirty bytes, from the statistics of the last `epoch` (the service
+/// read them just before); arenas never made have none.
+fn dirty_by_arena() -> Vec<(u32, u64)> {
+    let page = crate::stats::page_size();
+    let arenas = ctl::<u32>(c"arenas.narenas").unwrap_or(0);
+    (0..arenas)
+        .filter_map(|i| {
+            let name = std::ffi::CString::new(format!("stats.arenas.{i}.pdirty")).ok()?;
+            Some((i, (ctl::<usize>(&name)? as u64).saturating_mul(page)))
+        })
+        .collect()
+}
+
+/// The arenas to purge for at least `want` bytes: the fullest first, so that as
+/// few pages as it takes leave and the others stay for reuse. Pure.
+fn fullest(mut dirty: Vec<(u32, u64)>, want: u64) -> Vec<u32> {
+    dirty.sort_by(|a, b| b.1.cmp(&a.1));
+    let mut got = 0u64;
+    dirty
+        .into_iter()
+        .take_while(|&(_, bytes)| {
+            let more = got < want && bytes > 0;
+            got = got.saturating_add(bytes);
+            more
+        })
+        .map(|(arena, _)| arena)
+        .collect()
 }
 
 /// The purges so far.
@@ -435,6 +499,19 @@ mod tests {
         assert_eq!(decide(&Seen { dirty: 4 * MIB, ..past_it }), Some(Kind::Budget));
         // No limit: never past it.
         assert_eq!(decide(&Seen { quota: Quota::new(u64::MAX, 0.85), native: i64::MAX, ..past_it }), None);
+    }
+
+    #[test]
+    fn past_the_limit_only_the_fullest_arenas_go_until_the_excess_is_covered() {
+        let dirty = vec![(0, 10 * MIB), (1, 40 * MIB), (2, 0), (3, 25 * MIB), (4, 5 * MIB)];
+        assert_eq!(fullest(dirty.clone(), 30 * MIB), [1], "one arena covers it");
+        assert_eq!(fullest(dirty.clone(), 41 * MIB), [1, 3]);
+        assert_eq!(fullest(dirty.clone(), 1 << 40), [1, 3, 0, 4], "never an arena with nothing dirty");
+        assert_eq!(fullest(dirty, 0), Vec::<u32>::new());
+        // The excess counts native, the heap and the uncounted bytes over the limit.
+        let s = Seen { native: 1000 << 20, outside: 20 << 20, uncounted: 30 << 20, ..seen() };
+        assert_eq!(s.excess(), 26 * MIB);
+        assert_eq!(seen().excess(), 0, "under the limit");
     }
 
     #[test]

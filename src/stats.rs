@@ -105,7 +105,7 @@ impl JemallocStats {
 }
 
 /// jemalloc's page size (`arenas.page`); 4 KiB if it cannot say.
-fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     ctl::<usize>(c"arenas.page").map_or(4096, |p| p as u64)
 }
 
