@@ -301,7 +301,7 @@ fn dirty_by_arena() -> Vec<(u32, u64)> {
 /// The arenas to purge for at least `want` bytes: the fullest first, so that as
 /// few pages as it takes leave and the others stay for reuse. Pure.
 fn fullest(mut dirty: Vec<(u32, u64)>, want: u64) -> Vec<u32> {
-    dirty.sort_by(|a, b| b.1.cmp(&a.1));
+    dirty.sort_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
     let mut got = 0u64;
     dirty
         .into_iter()
