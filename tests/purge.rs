@@ -9,7 +9,9 @@
 //! * a user's own jemalloc decay option wins (and then jemalloc purges inline, which
 //!   the same count sees: the check above could fail);
 //! * a fork child, which has no purge service, gets jemalloc's own decay back;
-//! * far from the limit, freed pages go back to the system after the purge interval.
+//! * far from the limit, freed pages go back to the system after the purge interval;
+//! * between the soft threshold and the limit dirty pages stay for reuse, and past
+//!   the limit only the fullest arenas are purged, for the excess.
 
 mod support;
 
@@ -35,6 +37,11 @@ fn main() {
             (
                 "dirty_pages_go_back_after_the_purge_interval",
                 dirty_pages_go_back_after_the_purge_interval,
+                &[],
+            ),
+            (
+                "dirty_pages_use_the_room_under_the_limit_and_only_the_excess_goes",
+                dirty_pages_use_the_room_under_the_limit,
                 &[],
             ),
         ],
@@ -220,4 +227,108 @@ fn dirty_pages_go_back_after_the_purge_interval() {
     assert!(s.purges_idle >= 1 && s.purged_bytes >= 48 * MIB, "the freed 64 MiB went back");
     assert!(s.jemalloc.dirty < MIB, "dirty pages left: {}", Size(s.jemalloc.dirty));
     assert_eq!(s.purges_budget, 0, "far from the limit");
+}
+
+/// A thread bound to a jemalloc arena of its own that allocates `bytes` of 1 MiB
+/// blocks, writes them and frees them: they stay there, dirty, while the thread
+/// lives (jemalloc purges an arena whose last thread exits). Returns the arena and a
+/// sender whose drop lets the thread end.
+fn dirty_in_a_new_arena(bytes: u64) -> (u32, std::sync::mpsc::Sender<()>) {
+    let (arena_tx, arena_rx) = std::sync::mpsc::channel();
+    let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        // SAFETY: `arenas.create` makes an arena and gives its index, an `unsigned`;
+        // `thread.arena` takes one.
+        let arena = unsafe { tikv_jemalloc_ctl::raw::read::<u32>(b"arenas.create\0") }.unwrap();
+        // SAFETY: as above.
+        unsafe { tikv_jemalloc_ctl::raw::write::<u32>(b"thread.arena\0", arena) }.unwrap();
+        drop(working_set(bytes));
+        arena_tx.send(arena).unwrap();
+        let _ = end_rx.recv();
+    });
+    (arena_rx.recv().unwrap(), end_tx)
+}
+
+/// An arena's dirty bytes now.
+fn arena_dirty(arena: u32) -> u64 {
+    tikv_jemalloc_ctl::epoch::advance().unwrap();
+    let name = format!("stats.arenas.{arena}.pdirty\0");
+    // SAFETY: a NUL-terminated name of a `size_t` statistic.
+    let pages = unsafe { tikv_jemalloc_ctl::raw::read::<usize>(name.as_bytes()) }.unwrap();
+    pages as u64 * 4 * KIB
+}
+
+/// Waits until the purge service has made `n` more passes (its own count), with a
+/// deadline.
+fn sampler_passes(n: u64) {
+    let until = memquota::stats().sampler_passes + n;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while memquota::stats().sampler_passes < until {
+        assert!(Instant::now() < deadline, "the purge service made no pass for 10 s");
+        std::thread::sleep(Duration::from_millis(5)); // polling its count, with a deadline
+    }
+}
+
+/// The purge service's view of the process: native + the resident bytes the budget
+/// does not count (jemalloc's unused bytes, untracked memory).
+fn view(s: &memquota::Stats) -> u64 {
+    s.native + s.jemalloc.unused() + s.untracked
+}
+
+fn dirty_pages_use_the_room_under_the_limit() {
+    const LIMIT: u64 = 512 * MIB; // soft threshold 435.2 MiB, dirty floor 2 MiB
+    memquota::init(Config::new().limit(LIMIT)).unwrap();
+    let ((big, _big_lives), (small, _small_lives)) =
+        (dirty_in_a_new_arena(150 * MIB), dirty_in_a_new_arena(30 * MIB));
+    let (big_dirty, small_dirty) = (arena_dirty(big), arena_dirty(small));
+    // Held memory up to halfway between the soft threshold and the limit, as the
+    // service sees it. jemalloc's figures include its padding of large blocks (a
+    // 1 MiB block takes a 1.25 MiB extent), and this thread's arena counts the
+    // untouched rest of its extents as dirty: about a quarter of what it holds,
+    // less than the 187.5 MiB of the first arena.
+    let mut held = Vec::new();
+    while view(&memquota::stats()) < (LIMIT * 85 / 100 + LIMIT) / 2 {
+        held.push(vec![1u8; MIB as usize]);
+    }
+    // Past the soft threshold, under the limit: nothing purges.
+    sampler_passes(3);
+    let s = memquota::stats();
+    println!(
+        "  between: native {}, untracked {}, dirty {} ({} and {} in the two arenas), the service's view {}",
+        Size(s.native),
+        Size(s.untracked),
+        Size(s.jemalloc.dirty),
+        Size(arena_dirty(big)),
+        Size(arena_dirty(small)),
+        Size(view(&s))
+    );
+    assert!(view(&s) > LIMIT * 85 / 100 && view(&s) < LIMIT, "the check's premise: {}", Size(view(&s)));
+    assert_eq!(s.purges_budget, 0, "dirty pages under the limit were purged");
+    assert_eq!((arena_dirty(big), arena_dirty(small)), (big_dirty, small_dirty));
+    // About 24 MiB past the limit: the fuller arena covers it, the other keeps its
+    // pages.
+    let more = working_set(LIMIT - view(&s) + 24 * MIB);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while memquota::stats().purges_budget == 0 {
+        assert!(Instant::now() < deadline, "nothing purged 24 MiB past the limit");
+        std::thread::sleep(Duration::from_millis(5)); // polling, with a deadline
+    }
+    sampler_passes(2);
+    let s = memquota::stats();
+    let (left_big, left_small) = (arena_dirty(big), arena_dirty(small));
+    println!(
+        "  past: native {}, purges {} budget for {}; dirty left {} of {} and {} of {}; view {}",
+        Size(s.native),
+        s.purges_budget,
+        Size(s.purged_bytes),
+        Size(left_big),
+        Size(big_dirty),
+        Size(left_small),
+        Size(small_dirty),
+        Size(view(&s))
+    );
+    assert!(left_big < MIB, "the fuller arena was not purged: {}", Size(left_big));
+    assert_eq!(left_small, small_dirty, "the other arena's pages went too");
+    assert!(view(&s) <= LIMIT, "past the limit after the purge: {}", Size(view(&s)));
+    drop((held, more));
 }
