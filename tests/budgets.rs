@@ -1,16 +1,21 @@
 //! Budgets bound to allocations (`TaskScope::budget`, seed 001): async readers with
 //! estimates below and above their real need, an over-claim returned early, a
-//! borrower served ahead of new budgets, a lone budget's bounded over-commit. Each
-//! check runs in a process of its own (the budget is process-wide); preconditions are
-//! forced (barriers, observed waits), never hoped for.
+//! borrower served ahead of new budgets, a lone budget's bounded over-commit; a fork
+//! while budgets are in flight; many runners at the limit (the hard limit, the lone
+//! budget's over-commit bound, every figure back to where it started); budgets in
+//! retry blocks, blocked and rolled back by the machine. Each check runs in a process
+//! of its own (the budget is process-wide); preconditions are forced (barriers,
+//! observed waits, the machine's figures), never hoped for.
 
+mod common;
 mod support;
 
-use memquota::{Config, Error, MemoryManager, QuotaAlloc};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use common::Rng;
+use memquota::{with_retry, Budget, BudgetStats, Config, Error, MemoryManager, QuotaAlloc, ScopeHandle};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
-use std::time::Duration;
-use support::{buffer, MIB};
+use std::time::{Duration, Instant};
+use support::{buffer, Monitor, Samples, KIB, MIB};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();
@@ -25,6 +30,26 @@ fn main() {
             ("try_free_returns_the_over_claim_at_once", try_free_returns_the_over_claim_at_once),
             ("a_borrower_goes_ahead_of_a_new_budget", a_borrower_goes_ahead_of_a_new_budget),
             ("a_lone_budget_overcommits_within_the_bound", a_lone_budget_overcommits_within_the_bound),
+            (
+                "a_fork_with_budgets_in_flight_leaves_a_consistent_child",
+                a_fork_with_budgets_in_flight_leaves_a_consistent_child,
+            ),
+            (
+                "twelve_runners_at_the_limit_hold_it_and_return_to_zero",
+                twelve_runners_at_the_limit_hold_it_and_return_to_zero,
+            ),
+            (
+                "sixteen_threads_racing_a_lone_budget_stay_within_the_bound",
+                sixteen_threads_racing_a_lone_budget_stay_within_the_bound,
+            ),
+            (
+                "a_short_budget_in_a_retry_block_blocks_in_the_machine_and_completes",
+                a_short_budget_in_a_retry_block_blocks_in_the_machine_and_completes,
+            ),
+            (
+                "budgets_in_a_retry_deadlock_roll_the_youngest_task_back",
+                budgets_in_a_retry_deadlock_roll_the_youngest_task_back,
+            ),
         ],
         Duration::from_secs(60),
     );
@@ -42,6 +67,9 @@ fn native() -> i64 {
 /// The slack a test tolerates on figures that small bookkeeping allocations (the
 /// channel's nodes, thread start-up) also move.
 const SLACK: i64 = MIB as i64;
+/// What the process account may differ by after a check that started and joined
+/// threads, once the sampler has started (a few hundred bytes seen).
+const STRAY: i64 = 64 * KIB as i64;
 
 /// Four readers, estimates below and above what they read: each holds its buffers (4
 /// MiB, owner-recorded) at once, then hands them to a consumer thread attached
@@ -217,4 +245,557 @@ fn a_lone_budget_overcommits_within_the_bound() {
     assert!(matches!(buffer(10 * MIB), Err(Error::Refused { .. })), "not alone: no over-commit");
     assert_eq!(mm().snapshot().budget_overcommits, 1);
     drop(outside);
+}
+
+/// 96 MiB, 40 MiB held outside any scope; one scope, three budgets. `fork` from a
+/// thread attached under its budget (8 MiB, 4 of them used) while a pool thread is
+/// attached under the same budget (2 MiB), a holder under another (30 MiB, 8 used), and
+/// a borrower under the third (8 MiB) waits to borrow the 34 MiB past its estimate.
+/// The child has only the forking thread: its scope shows one thread attached, the
+/// budgets' figures are the parent's and the scope is charged their sum; what it
+/// allocates under its budget is counted (the budget's use by all of it, the process by
+/// the part past the grant); a new scope draws a budget at once (the borrower it would
+/// queue behind is gone with its thread), uses it and gives it all back; nothing hangs.
+/// The parent goes on: its scope still shows its four threads, the borrower is served
+/// once the other budgets end, and every figure returns to where it started.
+fn a_fork_with_budgets_in_flight_leaves_a_consistent_child() {
+    memquota::init(Config::new().limit(96 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    // The borrower must still be waiting when the process forks, on any machine (the
+    // child sets the default back, so a wait there shows up as one).
+    mm().set_wait(Duration::from_secs(30));
+    common::wait_for_sampler();
+    let before = native();
+    let outside = buffer(40 * MIB).unwrap();
+    let scope = mm().begin("scan", 1, 0).unwrap();
+    let holder = Arc::new(scope.budget(30 * MIB).unwrap());
+    let mine = Arc::new(scope.budget(8 * MIB).unwrap());
+    let borrower = Arc::new(scope.budget(8 * MIB).unwrap());
+    let (ready, release) = (Arc::new(Barrier::new(3)), Arc::new(Barrier::new(3)));
+    let hold = |budget: &Arc<Budget>, bytes: u64| {
+        let (budget, ready, release) = (Arc::clone(budget), Arc::clone(&ready), Arc::clone(&release));
+        std::thread::spawn(move || {
+            let under = budget.attach().unwrap();
+            let held = buffer(bytes).unwrap();
+            memquota::flush_thread();
+            ready.wait();
+            release.wait();
+            drop((held, under));
+        })
+    };
+    let threads = [hold(&holder, 8 * MIB), hold(&mine, 2 * MIB)];
+    let w0 = mm().snapshot().waits;
+    let borrowing = {
+        let budget = Arc::clone(&borrower);
+        std::thread::spawn(move || {
+            let _under = budget.attach().unwrap();
+            buffer(42 * MIB).map(|read| read.len())
+        })
+    };
+    let under = mine.attach().unwrap();
+    let held = buffer(4 * MIB).unwrap();
+    memquota::flush_thread();
+    ready.wait();
+    while mm().snapshot().waits == w0 && !borrowing.is_finished() {
+        std::thread::yield_now(); // until the borrower waits for room
+    }
+    assert!(!borrowing.is_finished(), "the precondition: the borrower waits when the process forks");
+    // SAFETY: fork has no memory preconditions; the child allocates only through our
+    // allocator (whose fork handlers ran) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let code = fork_child(scope.handle(), [&mine, &holder, &borrower]);
+        // SAFETY: _exit ends the child without running the parent's destructors.
+        unsafe { libc::_exit(code) };
+    }
+    assert!(pid > 0, "fork failed");
+    let status = support::wait_child(pid, Duration::from_secs(20));
+    let threads_after = scope.stats().unwrap().threads;
+    drop((held, under));
+    release.wait();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let used: Vec<i64> = [&mine, &holder].iter().map(|b| b.stats().unwrap().used).collect();
+    drop((mine, holder)); // room for the borrower
+    let read = borrowing.join().unwrap();
+    let borrowed = borrower.stats().unwrap();
+    drop(borrower);
+    let s = scope.stats().unwrap();
+    let report = scope.end();
+    drop(outside);
+    let after = native();
+    support::say(format_args!(
+        "child: {}; parent: {threads_after} threads after the fork, borrower read {read:?} \
+         ({borrowed:?}), scope after {s:?}, native {before} before, {after} after\n",
+        describe_child(status)
+    ));
+    assert_eq!(status, Some(0), "the child: {}", describe_child(status));
+    assert_eq!(threads_after, 4, "the parent's threads are still attached");
+    assert_eq!(read, Ok(42 * MIB as usize), "the parent's borrower is served");
+    assert!(used.iter().all(|&u| u == 0), "budgets' use back to zero: {used:?}");
+    assert!((borrowed.used, borrowed.borrowed) == (0, 34 * MIB), "{borrowed:?}");
+    assert_eq!((s.held, s.allocated, s.reserved, s.threads), (0, 0, 0, 0), "the scope holds nothing");
+    assert!(!report.is_leak(), "{report}");
+    assert!((after - before).abs() <= STRAY, "native {before} before, {after} after");
+}
+
+/// The fork child's checks (see the caller): 0, or the code of the first that failed.
+/// No panic and no assertion: the child leaves with `_exit`.
+fn fork_child(scope: ScopeHandle, budgets: [&Budget; 3]) -> i32 {
+    mm().set_wait(Duration::from_secs(2)); // the default
+    let start = native();
+    let snap = mm().snapshot();
+    let Some(s) = snap.scopes.iter().find(|s| s.handle == scope.as_raw()) else { return 10 };
+    if s.threads != 1 {
+        return 11; // only the forking thread is attached
+    }
+    if snap.budgets != 3 {
+        return 12;
+    }
+    drop(snap);
+    // Read back to back, nothing allocated in between (a snapshot's own vectors are
+    // charged to the forking thread's budget).
+    memquota::flush_thread();
+    let account = scope.account();
+    let figures = budgets.map(Budget::stats);
+    let (Some(account), [Some(a), Some(b), Some(c)]) = (account, figures) else { return 12 };
+    let charged: i64 = [a, b, c].iter().map(|b: &BudgetStats| (b.granted as i64).max(b.used)).sum();
+    let plain = account.allocated - [a, b, c].iter().map(|b| b.used).sum::<i64>();
+    if account.held as i64 != charged + plain.max(0) || plain != 0 {
+        return 13; // the scope is charged its budgets' larger of grant and use
+    }
+    // The forking thread is still under its budget (8 MiB granted, 6 used): 8 MiB more
+    // are counted there, and what passes the grant in the process too.
+    let mine = || {
+        memquota::flush_thread();
+        budgets[0].stats().map_or((0, i64::MIN), |b| (b.granted as i64, b.used))
+    };
+    let ((granted, used), n) = (mine(), native());
+    let Ok(more) = buffer(8 * MIB) else { return 14 };
+    let past = (used + 8 * MIB as i64).max(granted) - used.max(granted);
+    if mine().1 - used != 8 * MIB as i64 || native() - n != past || past < 6 * MIB as i64 {
+        return 15;
+    }
+    drop(more);
+    if mine().1 != used || native() != n {
+        return 16;
+    }
+    // A new scope and budget: granted at once, used and given back.
+    let waits = mm().snapshot().waits;
+    let Ok(task) = mm().begin("child", 2, 0) else { return 20 };
+    let Ok(budget) = task.budget(2 * MIB) else { return 21 };
+    if mm().snapshot().waits != waits {
+        return 22; // it waited (for a borrower that did not survive the fork)
+    }
+    let Ok(under) = budget.attach() else { return 23 };
+    let Ok(read) = buffer(4 * MIB) else { return 24 };
+    memquota::flush_thread();
+    if budget.stats().map(|b| (b.used, b.borrowed)) != Some((4 * MIB as i64, 2 * MIB)) {
+        return 25;
+    }
+    drop(read);
+    drop(under);
+    if budget.stats().map(|b| b.used) != Some(0) {
+        return 26;
+    }
+    drop(budget);
+    if task.end().is_leak() {
+        return 27;
+    }
+    if native() != start {
+        return 28; // the child's account is back where it started
+    }
+    0
+}
+
+fn describe_child(status: Option<i32>) -> String {
+    let Some(status) = status else { return "hung: killed after 20 s".into() };
+    if libc::WIFSIGNALED(status) {
+        return format!("killed by signal {}", libc::WTERMSIG(status));
+    }
+    let what = match libc::WEXITSTATUS(status) {
+        0 => "all held",
+        10 => "the scope is gone",
+        11 => "a thread other than the forking one is still attached",
+        12 => "the budgets' figures are gone",
+        13 => "the scope is not charged its budgets' sum",
+        14 => "8 MiB under the forking thread's budget refused",
+        15 => "the child's allocation was not counted in its budget and the process",
+        16 => "the child's free was not credited",
+        20 => "a new scope refused",
+        21 => "a new budget refused",
+        22 => "a new budget waited",
+        23 => "attaching under the new budget failed",
+        24 => "4 MiB under the new budget refused",
+        25 => "the new budget's use or borrowing is off",
+        26 => "the new budget's use is not back to zero",
+        27 => "the new scope ended holding memory",
+        28 => "the child's account is not back where it started",
+        _ => "exit code unknown",
+    };
+    format!("exit {}: {what}", libc::WEXITSTATUS(status))
+}
+
+// ---- runners racing at the limit ---------------------------------------------------
+
+/// How long each runner allocates and frees after its hopeless request.
+const CHURN: Duration = Duration::from_millis(2000);
+/// Blocks a runner holds at most.
+const RUNNER_LIVE: usize = 8;
+/// Threads besides the runners: main, the monitor, the watchdog, the sampler.
+const SERVICE_THREADS: u64 = 4;
+
+/// What one runner did.
+#[derive(Clone, Copy, Debug, Default)]
+struct Churned {
+    /// Its first request, which can never fit, was refused.
+    hopeless_refused: bool,
+    ops: u64,
+    granted: u64,
+    refused: u64,
+}
+
+/// Sizes from 1 B to 4 MiB: many under the ledger's threshold (the fast path, within
+/// the thread's slack), the rest up to the big blocks that carry owner records.
+fn churn_size(rng: &mut Rng) -> u64 {
+    match rng.below(100) {
+        0..=39 => 1 + rng.below(16 * KIB),
+        40..=79 => 1 + rng.below(MIB),
+        _ => 1 + rng.below(4 * MIB),
+    }
+}
+
+/// Allocates and frees until `until`, holding at most `live.capacity()` blocks; a
+/// refused request is counted and the runner goes straight on allocating. Frees
+/// everything before it returns. Allocates nothing infallibly (`live` has its room).
+fn churn(rng: &mut Rng, until: Instant, live: &mut Vec<Vec<u8>>, out: &mut Churned) {
+    while Instant::now() < until {
+        out.ops += 1;
+        if live.len() == live.capacity() || (!live.is_empty() && rng.below(3) == 0) {
+            let k = rng.below(live.len() as u64) as usize;
+            live.swap_remove(k);
+            continue;
+        }
+        match buffer(churn_size(rng)) {
+            Ok(block) => {
+                out.granted += 1;
+                live.push(block);
+            }
+            Err(_) => out.refused += 1,
+        }
+    }
+    live.clear();
+}
+
+/// One runner per handle, each attached under it (a budget's key), all started
+/// together: each first asks for `hopeless` bytes (more than can ever fit), then
+/// churns for [`CHURN`], then frees all it holds and detaches. The monitor samples the
+/// process account throughout. Everything main needs meanwhile is allocated before
+/// the runners start: an infallible allocation at the limit would abort.
+fn race(handles: &[ScopeHandle], hopeless: u64) -> (Samples, Vec<Churned>) {
+    let go = Arc::new(Barrier::new(handles.len() + 1));
+    let mut outs = Vec::with_capacity(handles.len());
+    let monitor = Monitor::start();
+    let runners: Vec<_> = handles
+        .iter()
+        .enumerate()
+        .map(|(i, &handle)| {
+            let go = Arc::clone(&go);
+            std::thread::spawn(move || {
+                let mut rng = Rng((i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                let mut live = Vec::with_capacity(RUNNER_LIVE);
+                let mut out = Churned::default();
+                let under = handle.attach().unwrap();
+                go.wait();
+                out.hopeless_refused = buffer(hopeless).is_err();
+                churn(&mut rng, Instant::now() + CHURN, &mut live, &mut out);
+                drop(under);
+                out
+            })
+        })
+        .collect();
+    go.wait();
+    for r in runners {
+        outs.push(r.join().unwrap());
+    }
+    (monitor.stop(), outs)
+}
+
+/// The account's bound past the limit: every live thread's slack, one more for good
+/// measure (the ledger's error bound, as tests/torture.rs counts it), plus `extra`.
+fn bound(limit: u64, samples: &Samples, runners: usize, extra: u64) -> u64 {
+    let threads = samples.max_threads.max(runners as u64 + SERVICE_THREADS);
+    limit + (threads + 1) * memquota::stats().threshold + extra
+}
+
+/// 64 MiB, 16 MiB held outside any scope; two scopes, twelve runners each under a
+/// budget of its own (2 MiB), all in flight until the monitor stops, so no budget is
+/// ever alone and none may over-commit. Each first asks for the whole limit (refused,
+/// once its wait for the others to free runs out), then allocates and frees blocks of
+/// up to 4 MiB, eight at most, and goes on after every refusal. Every sample of the
+/// account, and its peak, stays within the limit plus the ledger's error bound; no
+/// over-commit; each runner was refused and allocated again after. Afterwards every
+/// budget's use is 0, each scope is charged its budgets' grants and nothing else, and
+/// once the budgets end the scopes hold nothing and the process is where it started.
+fn twelve_runners_at_the_limit_hold_it_and_return_to_zero() {
+    const LIMIT: u64 = 64 * MIB;
+    const RUNNERS: usize = 12;
+    memquota::init(Config::new().limit(LIMIT)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    common::wait_for_sampler();
+    let before = native();
+    let ooms = memquota::stats().ooms;
+    let outside = buffer(16 * MIB).unwrap();
+    let scopes = [mm().begin("left", 1, 0).unwrap(), mm().begin("right", 2, 0).unwrap()];
+    let budgets: Vec<Budget> = (0..RUNNERS).map(|i| scopes[i % 2].budget(2 * MIB).unwrap()).collect();
+    let handles: Vec<ScopeHandle> = budgets.iter().map(Budget::handle).collect();
+    let (samples, runners) = race(&handles, LIMIT);
+    let stats = memquota::stats();
+    let snap = mm().snapshot();
+    let used: Vec<i64> = budgets.iter().map(|b| b.stats().unwrap().used).collect();
+    let held: Vec<(u64, i64)> =
+        scopes.iter().map(|s| s.stats().unwrap()).map(|s| (s.held, s.allocated)).collect();
+    drop(budgets);
+    let after_budgets: Vec<_> = scopes.iter().map(|s| s.stats().unwrap()).collect();
+    let leaks: Vec<bool> = scopes.into_iter().map(|s| s.end().is_leak()).collect();
+    drop(outside);
+    let after = native();
+    let bound = bound(LIMIT, &samples, RUNNERS, 0);
+    support::say(format_args!(
+        "runners {runners:?}\nsamples {samples:?}, peak {}, bound {bound}; ooms {}, overcommits {}; \
+         budgets' use {used:?}, scopes (held, allocated) {held:?}; native {before} before, {after} after\n",
+        stats.native_peak,
+        stats.ooms - ooms,
+        snap.budget_overcommits
+    ));
+    assert!(samples.max_native <= bound, "a sample saw {} past the bound {bound}", samples.max_native);
+    assert!(stats.native_peak <= bound, "the peak {} passed the bound {bound}", stats.native_peak);
+    assert_eq!(snap.budget_overcommits, 0, "no budget is alone: none over-commits");
+    assert!(samples.max_native > LIMIT - 4 * MIB, "the precondition: the runners reached the limit");
+    for r in &runners {
+        assert!(r.hopeless_refused && r.granted > 0, "refused, then allocated again: {r:?}");
+    }
+    assert!(stats.ooms - ooms >= RUNNERS as u64);
+    assert!(used.iter().all(|&u| u == 0), "every budget's use back to 0: {used:?}");
+    assert_eq!(held, [(12 * MIB, 0); 2], "each scope is charged its budgets' grants, nothing else");
+    for s in &after_budgets {
+        assert_eq!((s.held, s.allocated, s.reserved, s.threads), (0, 0, 0, 0), "{s:?}");
+    }
+    assert_eq!(leaks, [false, false]);
+    assert!((after - before).abs() <= STRAY, "native {before} before, {after} after");
+}
+
+/// 64 MiB, 56 MiB held outside any scope, one budget of nothing in flight and sixteen
+/// threads attached under it: each first asks for 16 MiB (past the over-commit room:
+/// refused at once, no wait), then allocates and frees blocks of up to 4 MiB, going on
+/// after every refusal. The lone budget's requests are granted past the limit, racing
+/// for the over-commit room, which never passes a sixteenth of the limit: every
+/// sample of the account, and its peak, stays within `limit + limit/16` plus the
+/// ledger's error bound. Afterwards the budget's use is 0, the scope holds nothing and
+/// the process is where it started.
+fn sixteen_threads_racing_a_lone_budget_stay_within_the_bound() {
+    const LIMIT: u64 = 64 * MIB;
+    const RUNNERS: usize = 16;
+    memquota::init(Config::new().limit(LIMIT)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    common::wait_for_sampler();
+    let before = native();
+    let ooms = memquota::stats().ooms;
+    let outside = buffer(56 * MIB).unwrap();
+    let scope = mm().begin("lone", 1, 0).unwrap();
+    let lone = scope.budget(0).unwrap();
+    let (samples, runners) = race(&[lone.handle(); RUNNERS], 16 * MIB);
+    let stats = memquota::stats();
+    let snap = mm().snapshot();
+    let figures = lone.stats().unwrap();
+    let held = scope.stats().unwrap();
+    drop(lone);
+    let report = scope.end();
+    drop(outside);
+    let after = native();
+    let bound = bound(LIMIT, &samples, RUNNERS, LIMIT / 16);
+    support::say(format_args!(
+        "runners {runners:?}\nsamples {samples:?}, peak {}, bound {bound}; ooms {}, budget over-commits {} \
+         ({} B); budget {figures:?}, scope {held:?}; native {before} before, {after} after\n",
+        stats.native_peak,
+        stats.ooms - ooms,
+        snap.budget_overcommits,
+        snap.budget_overcommit_bytes
+    ));
+    assert!(samples.max_native <= bound, "a sample saw {} past the bound {bound}", samples.max_native);
+    assert!(stats.native_peak <= bound, "the peak {} passed the bound {bound}", stats.native_peak);
+    assert!(snap.budget_overcommits > 0 && stats.native_peak > LIMIT, "the precondition: it over-committed");
+    for r in &runners {
+        assert!(r.hopeless_refused && r.granted > 0, "refused, then allocated again: {r:?}");
+    }
+    assert!(runners.iter().map(|r| r.refused).sum::<u64>() > 0, "refused past the bound while churning");
+    assert_eq!(figures.used, 0, "the budget's use back to 0: {figures:?}");
+    assert_eq!((held.held, held.allocated, held.reserved, held.threads), (0, 0, 0, 0), "{held:?}");
+    assert!(!report.is_leak(), "{report}");
+    assert!((after - before).abs() <= STRAY, "native {before} before, {after} after");
+}
+
+// ---- budgets in retry blocks -------------------------------------------------------
+
+/// 256 MiB, 100 MiB held outside any scope. The older task's thread, attached under
+/// its budget (16 MiB) outside any retry block, holds 64 MiB: it may free, so the
+/// machine never acts on the younger task. That task, in `with_retry`, draws a budget
+/// of 16 MiB, uses 48 and asks for 64 more: past its grant and the process's room,
+/// with another budget in flight. In a retry block it blocks in the machine (never in
+/// the share wait a budget short of room takes outside one) until the holder frees,
+/// then completes: no refusal, rollback, split or watchdog. Afterwards both scopes
+/// hold nothing and the process is where it started.
+fn a_short_budget_in_a_retry_block_blocks_in_the_machine_and_completes() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    common::wait_for_sampler();
+    let before = native();
+    let outside = buffer(100 * MIB).unwrap();
+    let older = mm().begin("holder", 1, 0).unwrap();
+    let held = older.budget(16 * MIB).unwrap();
+    let (holding, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let holder = {
+        let (budget, holding, release) = (held.handle(), Arc::clone(&holding), Arc::clone(&release));
+        std::thread::spawn(move || {
+            let under = budget.attach().unwrap();
+            let block = buffer(64 * MIB).unwrap();
+            holding.wait();
+            release.wait();
+            drop((block, under));
+        })
+    };
+    holding.wait();
+    let (s0, waits) = (memquota::stats(), mm().snapshot().waits);
+    let runner = std::thread::spawn(|| {
+        let task = mm().begin("runner", 2, 0).unwrap();
+        let r = with_retry(&task, || {
+            let budget = task.budget(16 * MIB)?;
+            let _under = budget.attach()?;
+            let read = buffer(48 * MIB)?;
+            let more = buffer(64 * MIB)?;
+            Ok((read.len() + more.len(), budget.stats()))
+        });
+        (r, task.end())
+    });
+    // The precondition, forced: the runner is blocked in the machine (or failed).
+    while memquota::stats().retry.blocked == 0 && !runner.is_finished() {
+        std::thread::yield_now();
+    }
+    let was_blocked = memquota::stats().retry.blocked;
+    let blocked = mm().snapshot();
+    let runner_held = blocked.scopes.iter().find(|s| s.name == "runner").map(|s| s.held);
+    release.wait();
+    holder.join().unwrap();
+    let (r, report) = runner.join().unwrap();
+    let s = memquota::stats();
+    let snap = mm().snapshot();
+    drop(held);
+    let older = older.end();
+    drop(outside);
+    let after = native();
+    support::say(format_args!(
+        "{r:?}; runner's scope held {runner_held:?} while blocked; machine: waits {}, rollbacks {}, splits {}, \
+         timeouts {}; share waits {} (before {waits}); refusals {}; native {before} before, {after} after\n",
+        s.retry.waits - s0.retry.waits,
+        s.retry.rollbacks,
+        s.retry.splits,
+        s.retry.timeouts,
+        blocked.waits,
+        s.ooms - s0.ooms,
+    ));
+    assert_eq!(was_blocked, 1, "the runner blocked in the machine: {r:?}");
+    assert_eq!(blocked.waits, waits, "blocked in the machine, not in the share wait");
+    assert_eq!(runner_held, Some(48 * MIB), "blocked, its request not charged");
+    let (n, figures) = r.expect("the runner completes once the holder frees");
+    assert_eq!(n, 112 * MIB as usize);
+    let figures = figures.expect("its budget is live in the attempt");
+    assert_eq!((figures.granted, figures.borrowed), (16 * MIB, 96 * MIB), "{figures:?}");
+    assert_eq!(s.retry.waits - s0.retry.waits, 1, "it blocked once");
+    assert_eq!(s.retry.rollbacks + s.retry.splits + s.retry.timeouts, 0, "the machine never acted");
+    assert_eq!(s.ooms, s0.ooms, "nothing refused");
+    assert_eq!(snap.waits, waits, "no share wait at all");
+    assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "the thread left its block");
+    assert!(!report.is_leak() && !older.is_leak(), "{report}; {older}");
+    assert!((after - before).abs() <= STRAY, "native {before} before, {after} after");
+}
+
+/// 256 MiB, 100 MiB held outside any scope. Two tasks in `with_retry`, each drawing a
+/// budget of 16 MiB in its attempt: each uses 64 MiB (both hold theirs before either
+/// asks for more: a barrier), then asks for 32 MiB more, past its grant and the
+/// process's room (28 MiB left), with the other's budget in flight. Both block in the
+/// machine, every task is blocked: the younger rolls back (`RetryOom`; its attempt
+/// drops its buffer and its budget), the older completes first, then the younger runs
+/// again and completes. No share wait, refusal or watchdog; afterwards both scopes
+/// hold nothing and the process is where it started.
+fn budgets_in_a_retry_deadlock_roll_the_youngest_task_back() {
+    memquota::init(Config::new().limit(256 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    common::wait_for_sampler();
+    let before = native();
+    let outside = buffer(100 * MIB).unwrap();
+    let (s0, snap0) = (memquota::stats(), mm().snapshot());
+    let go = Arc::new(Barrier::new(2));
+    let finished = Arc::new(Mutex::new(Vec::with_capacity(2)));
+    let rolled = Arc::new([const { AtomicU64::new(0) }; 2]);
+    let tasks: Vec<_> = (0..2u64)
+        .map(|id| {
+            let (go, finished, rolled) = (Arc::clone(&go), Arc::clone(&finished), Arc::clone(&rolled));
+            std::thread::spawn(move || {
+                let task = mm().begin("deadlock", id, 0).unwrap();
+                let mut first = true;
+                let r = with_retry(&task, || {
+                    let budget = task.budget(16 * MIB)?;
+                    let _under = budget.attach()?;
+                    let read = buffer(64 * MIB)?;
+                    if std::mem::take(&mut first) {
+                        go.wait();
+                    }
+                    let more = buffer(32 * MIB).inspect_err(|e| {
+                        if *e == Error::RetryOom {
+                            rolled[id as usize].fetch_add(1, SeqCst);
+                        }
+                    })?;
+                    // Counted while it still holds both (once it frees them the other
+                    // may finish before this thread runs again); within capacity.
+                    finished.lock().unwrap().push(id);
+                    Ok(read.len() + more.len())
+                });
+                (r, task.end())
+            })
+        })
+        .collect();
+    let results: Vec<_> = tasks.into_iter().map(|t| t.join().unwrap()).collect();
+    let s = memquota::stats();
+    let snap = mm().snapshot();
+    let order = finished.lock().unwrap().clone();
+    let rolled: Vec<u64> = rolled.iter().map(|r| r.load(SeqCst)).collect();
+    drop(outside);
+    let after = native();
+    support::say(format_args!(
+        "{results:?}; finished {order:?}; rollbacks per task {rolled:?}; machine: waits {}, rollbacks {}, \
+         retries {}, splits {}, timeouts {}; share waits {} (before {}); budgets {}; native {before} before, {after} after\n",
+        s.retry.waits - s0.retry.waits,
+        s.retry.rollbacks - s0.retry.rollbacks,
+        s.retry.retries - s0.retry.retries,
+        s.retry.splits,
+        s.retry.timeouts,
+        snap.waits,
+        snap0.waits,
+        snap.budgets,
+    ));
+    for (r, report) in &results {
+        assert_eq!(r, &Ok(96 * MIB as usize), "every task completes");
+        assert!(!report.is_leak(), "{report}");
+    }
+    assert_eq!(rolled[0], 0, "the older task is never rolled back");
+    assert!(rolled[1] >= 1, "the younger task rolled back");
+    assert_eq!(order[0], 0, "the older task finishes first");
+    assert!(s.retry.rollbacks - s0.retry.rollbacks >= 1);
+    assert_eq!(snap.budgets, 2 + rolled[1], "a budget per attempt");
+    assert_eq!(snap.waits, snap0.waits, "blocked in the machine, never in the share wait");
+    assert_eq!(s.retry.splits + s.retry.timeouts, 0);
+    assert_eq!(s.ooms, s0.ooms, "nothing refused");
+    assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "every thread left its block");
+    assert!((after - before).abs() <= STRAY, "native {before} before, {after} after");
 }

@@ -164,7 +164,11 @@ impl Borrowing {
 impl Drop for Borrowing {
     fn drop(&mut self) {
         if self.on {
-            POOL.lock().borrowers -= 1;
+            // Saturating: a fork child forgets the borrowers (a spill callback that
+            // forked mid-look would come back here in the child).
+            let mut p = POOL.lock();
+            p.borrowers = p.borrowers.saturating_sub(1);
+            drop(p);
             signal::wake(); // new budgets may go now
         }
     }

@@ -618,8 +618,10 @@ impl Pool {
     }
 
     /// In a `fork` child only the forking thread exists: it is the one thread
-    /// attached anywhere (to `survivor`, 0: none), and nothing waits.
+    /// attached anywhere (to `survivor`, 0: none), and nothing waits: no runner
+    /// borrows, so no new budget waits behind one.
     pub(crate) fn after_fork_child(&mut self, survivor: u64) {
+        self.borrowers = 0;
         let task = self.task_of(survivor);
         for (i, s) in self.scopes.iter_mut().enumerate() {
             s.attached = u32::from(s.live && key(s.gen, i) == task);
