@@ -3,7 +3,8 @@
 # 8 threads, -Xmx512m, under a plain JVM (glibc malloc), Debian's libjemalloc.so.2
 # preloaded, libmemquota.so preloaded alone, and libmemquota.so as preload + agent
 # with a 1 GiB budget. Interleaved in one run; prints median wall time, JVM
-# collections and memquota's GCs, peak RSS, and the ratios to the plain JVM.
+# collections and memquota's GCs, CPU time (user + system: steadier than wall time on
+# a loaded machine), peak RSS and minor faults, and the ratios to the plain JVM.
 # MQ_BASE=/path/to/libmemquota.so adds the agent variant of another build (a base to
 # compare a change with, in the same run).
 # On demand only:  bash benches/jvm/run.sh [ROUNDS]
@@ -47,16 +48,19 @@ for r in range(rounds):
     for v in order:
         env, agent = variants[v]
         # /usr/bin/time's line goes to stderr: peak RSS (KiB) and minor faults.
-        done = subprocess.run(["timeout", "300", "/usr/bin/time", "-f", "rss %M faults %R", "env", *env,
+        done = subprocess.run(["timeout", "300", "/usr/bin/time", "-f", "rss %M faults %R cpu %U %S", "env", *env,
                                *java[:2], *agent, *java[2:], *work], capture_output=True, text=True, check=True)
         ms, coll, gcs, ooms = map(int, re.search(r"work ms (\d+) jvm collections (\d+) memquota gcs (\d+) ooms (\d+)", done.stdout).groups())
-        rss, faults = map(int, re.search(r"rss (\d+) faults (\d+)", done.stderr).groups())
+        rss, faults, user, system = re.search(r"rss (\d+) faults (\d+) cpu ([\d.]+) ([\d.]+)", done.stderr).groups()
+        rss, faults, cpu = int(rss), int(faults), float(user) + float(system)
         assert ooms == 0, done.stdout
-        runs[v].append((ms, coll, gcs, rss / 1024, faults / 1e6))
+        runs[v].append((ms, coll, gcs, rss / 1024, faults / 1e6, cpu))
     print(f"round {r + 1}/{rounds} done", file=sys.stderr)
-med = {v: [statistics.median(x[i] for x in rs) for i in range(5)] for v, rs in runs.items()}
+med = {v: [statistics.median(x[i] for x in rs) for i in range(6)] for v, rs in runs.items()}
 first = med["plain JVM"]
-print(f"{'variant':<14}{'wall ms':>8}{'ratio':>7}{'JVM GCs':>9}{'ratio':>7}{'mq GCs':>8}{'peak RSS MiB':>14}{'faults M':>10}")
-for v, (ms, coll, gcs, rss, faults) in med.items():
-    print(f"{v:<14}{ms:>8.0f}{ms / first[0]:>7.2f}{coll:>9.0f}{coll / first[1]:>7.2f}{gcs:>8.0f}{rss:>14.0f}{faults:>10.2f}")
+print(f"{'variant':<14}{'wall ms':>8}{'ratio':>7}{'CPU s':>7}{'ratio':>7}{'JVM GCs':>9}{'ratio':>7}{'mq GCs':>8}"
+      f"{'peak RSS MiB':>14}{'faults M':>10}")
+for v, (ms, coll, gcs, rss, faults, cpu) in med.items():
+    print(f"{v:<14}{ms:>8.0f}{ms / first[0]:>7.2f}{cpu:>7.2f}{cpu / first[5]:>7.2f}{coll:>9.0f}{coll / first[1]:>7.2f}"
+          f"{gcs:>8.0f}{rss:>14.0f}{faults:>10.2f}")
 PY
