@@ -18,9 +18,9 @@
 //!   leave); every arena after every reclaim;
 //!   under container pressure ([`under_pressure`]); and when dirty pages have waited
 //!   a whole purge interval (`MEMQUOTA_PURGE_INTERVAL`). Its view: native + counted
-//!   heap + the resident bytes the budget does not count (jemalloc's unused bytes,
-//!   and untracked memory even under `MEMQUOTA_UNTRACKED=report`: resident whether
-//!   counted or not). A grant on the slow path that finds the last measurement past
+//!   heap + the resident bytes the budget does not count: the process's anonymous
+//!   RSS past those two (dirty pages, jemalloc's metadata, and untracked memory even
+//!   under `MEMQUOTA_UNTRACKED=report`: resident whether counted or not). A grant on the slow path that finds the last measurement past
 //!   the limit wakes it at once.
 //! * A user's own decay or background-thread options win (`MALLOC_CONF`,
 //!   `_RJEM_MALLOC_CONF`, a compiled-in `malloc_conf`, or a value set at run time
@@ -120,9 +120,17 @@ pub(crate) fn after_grant(quota: Quota, native: i64, outside: i64) {
     }
 }
 
-/// Resident bytes the budget does not count: jemalloc's unused bytes, and the last
-/// sample of untracked memory unless the budget counts it.
-fn uncounted(je: &JemallocStats) -> u64 {
+/// Resident bytes the budget does not count: the process's anonymous RSS past
+/// `native` + `outside` (jemalloc's dirty pages and metadata, untracked memory), as
+/// the kernel counts it. jemalloc's own `resident` is an upper bound: it counts the
+/// untouched pages it pads large blocks with (a 1 MiB block takes a 1.25 MiB
+/// extent). Without `/proc`, jemalloc's unused bytes and the last sample of untracked
+/// memory unless the budget counts it.
+fn uncounted(je: &JemallocStats, native: i64, outside: i64) -> u64 {
+    let anon = crate::host::anon_rss();
+    if anon > 0 {
+        return anon.saturating_sub(u64::try_from(native.saturating_add(outside)).unwrap_or(0));
+    }
     let untracked = if crate::settings::count_untracked() { 0 } else { crate::heap_probe::untracked() };
     je.unused().saturating_add(untracked)
 }
@@ -208,12 +216,13 @@ impl Service {
     /// [`decide`] says so, and publishes what the slow path checks.
     pub(crate) fn serve(&mut self, je: &JemallocStats) {
         let requests = REQUESTS.swap(0, AcqRel);
+        let (native, outside) = (crate::ledger::ACCOUNT.native(), crate::heap_probe::outside());
         let seen = Seen {
             requests,
             quota: crate::settings::quota(),
-            native: crate::ledger::ACCOUNT.native(),
-            outside: crate::heap_probe::outside(),
-            uncounted: uncounted(je),
+            native,
+            outside,
+            uncounted: uncounted(je, native, outside),
             dirty: je.dirty,
             idle_for: self.last_purge.elapsed(),
             interval: crate::settings::purge_interval(),
@@ -231,7 +240,7 @@ impl Service {
             }
             None => *je,
         };
-        let uncounted = uncounted(&now);
+        let uncounted = uncounted(&now, native, outside);
         UNCOUNTED.store(uncounted, Relaxed);
         DIRTY.store(now.dirty, Relaxed);
         self.crowded = past(seen.quota, seen.quota.soft, seen.native, seen.outside, uncounted);

@@ -270,9 +270,9 @@ fn sampler_passes(n: u64) {
 }
 
 /// The purge service's view of the process: native + the resident bytes the budget
-/// does not count (jemalloc's unused bytes, untracked memory).
+/// does not count, the anonymous RSS past it.
 fn view(s: &memquota::Stats) -> u64 {
-    s.native + s.jemalloc.unused() + s.untracked
+    s.native.max(memquota::face::anon_rss())
 }
 
 fn dirty_pages_use_the_room_under_the_limit() {
@@ -282,10 +282,10 @@ fn dirty_pages_use_the_room_under_the_limit() {
         (dirty_in_a_new_arena(150 * MIB), dirty_in_a_new_arena(30 * MIB));
     let (big_dirty, small_dirty) = (arena_dirty(big), arena_dirty(small));
     // Held memory up to halfway between the soft threshold and the limit, as the
-    // service sees it. jemalloc's figures include its padding of large blocks (a
-    // 1 MiB block takes a 1.25 MiB extent), and this thread's arena counts the
-    // untouched rest of its extents as dirty: about a quarter of what it holds,
-    // less than the 187.5 MiB of the first arena.
+    // service sees it (the kernel's count: jemalloc's own also has the untouched
+    // pages it pads large blocks with, a 1 MiB block taking a 1.25 MiB extent, and
+    // counts the untouched rest of this thread's extents as dirty, about a quarter of
+    // what it holds: less than the first arena's 187.5 MiB).
     let mut held = Vec::new();
     while view(&memquota::stats()) < (LIMIT * 85 / 100 + LIMIT) / 2 {
         held.push(vec![1u8; MIB as usize]);
