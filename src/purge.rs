@@ -260,12 +260,22 @@ impl Service {
 
 /// Purges the dirty pages of every arena, or with `want`, of the arenas with the most
 /// until at least `want` bytes go; counts it, and returns the statistics after.
+/// Allocates nothing: the service's allocations are charged like any thread's, and
+/// a block in flight would show in the exact checks of a quiet process.
 fn purge(kind: Kind, before: &JemallocStats, want: Option<u64>) -> JemallocStats {
     match want {
-        None => purge_arena(MALLCTL_ARENAS_ALL),
+        None => {
+            let _ = by_index(c"arena.0.purge", 1, MALLCTL_ARENAS_ALL, |mib| ctl_by_mib(mib, &mut ()));
+        }
         Some(want) => {
-            for arena in fullest(dirty_by_arena(), want) {
-                purge_arena(arena);
+            let mut got = 0u64;
+            // The fullest, again while less than `want` went (the statistics are
+            // read anew after each purge, so a purged arena reads empty).
+            while got < want {
+                let Some((arena, bytes)) = fullest(dirty_by_arena) else { break };
+                let _ = by_index(c"arena.0.purge", 1, arena, |mib| ctl_by_mib(mib, &mut ()));
+                got = got.saturating_add(bytes);
+                let _ = tikv_jemalloc_ctl::epoch::advance();
             }
         }
     }
@@ -278,49 +288,55 @@ fn purge(kind: Kind, before: &JemallocStats, want: Option<u64>) -> JemallocStats
 /// jemalloc's name for all arenas at once in `arena.<i>.*` and `stats.arenas.<i>.*`.
 const MALLCTL_ARENAS_ALL: u32 = 4096;
 
-/// Forces arena `arena`'s dirty pages out.
-fn purge_arena(arena: u32) {
-    let name = format!("arena.{arena}.purge\0");
-    // SAFETY: a NUL-terminated name of a control that takes no input and gives no
-    // output; an arena that does not exist is an error code, ignored.
-    unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr().cast(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            0,
-        )
-    };
+/// Runs `f` on the MIB of the control `name` with its component `at` set to `index`
+/// (`arena.0.purge`, component 1): no name to format, nothing allocated.
+fn by_index<T>(name: &CStr, at: usize, index: u32, f: impl FnOnce(&[usize]) -> Option<T>) -> Option<T> {
+    let mut mib = [0usize; 4];
+    let mut len = mib.len();
+    // SAFETY: a NUL-terminated name; jemalloc writes at most `len` components to
+    // `mib` and the number written to `len`.
+    if unsafe { tikv_jemalloc_sys::mallctlnametomib(name.as_ptr(), mib.as_mut_ptr(), &mut len) } != 0
+        || at >= len
+    {
+        return None;
+    }
+    mib[at] = index as usize;
+    f(&mib[..len])
 }
 
-/// Each arena's dirty bytes, from the statistics of the last `epoch` (the service
-/// read them just before); arenas never made have none.
-fn dirty_by_arena() -> Vec<(u32, u64)> {
-    let page = crate::stats::page_size();
+/// Reads a control by MIB into `value` (nothing for `()`, a control that only acts).
+fn ctl_by_mib<T>(mib: &[usize], value: &mut T) -> Option<()> {
+    let mut size = std::mem::size_of::<T>();
+    let (old, old_len) = if size == 0 {
+        (std::ptr::null_mut(), std::ptr::null_mut())
+    } else {
+        (std::ptr::from_mut(value).cast(), std::ptr::from_mut(&mut size))
+    };
+    // SAFETY: a MIB jemalloc made; `old` is null or points to a `T` of `size` bytes,
+    // the size of the statistic read (jemalloc refuses a size that differs); no input.
+    let done = unsafe {
+        tikv_jemalloc_sys::mallctlbymib(mib.as_ptr(), mib.len(), old, old_len, std::ptr::null_mut(), 0)
+    };
+    (done == 0).then_some(())
+}
+
+/// Arena `arena`'s dirty bytes, from the statistics of the last `epoch`; `None` for
+/// an arena never made.
+fn dirty_by_arena(arena: u32) -> Option<u64> {
+    let mut pages = 0usize;
+    by_index(c"stats.arenas.0.pdirty", 2, arena, |mib| ctl_by_mib(mib, &mut pages))?;
+    Some((pages as u64).saturating_mul(crate::stats::page_size()))
+}
+
+/// The arena with the most dirty bytes, and how many, among `arenas.narenas`, as
+/// `dirty` reads them; `None` if none has any. Purging the fullest first, as few
+/// pages leave as it takes and the others stay for reuse.
+fn fullest(dirty: impl Fn(u32) -> Option<u64>) -> Option<(u32, u64)> {
     let arenas = ctl::<u32>(c"arenas.narenas").unwrap_or(0);
     (0..arenas)
-        .filter_map(|i| {
-            let name = std::ffi::CString::new(format!("stats.arenas.{i}.pdirty")).ok()?;
-            Some((i, (ctl::<usize>(&name)? as u64).saturating_mul(page)))
-        })
-        .collect()
-}
-
-/// The arenas to purge for at least `want` bytes: the fullest first, so that as
-/// few pages as it takes leave and the others stay for reuse. Pure.
-fn fullest(mut dirty: Vec<(u32, u64)>, want: u64) -> Vec<u32> {
-    dirty.sort_by_key(|&(_, bytes)| std::cmp::Reverse(bytes));
-    let mut got = 0u64;
-    dirty
-        .into_iter()
-        .take_while(|&(_, bytes)| {
-            let more = got < want && bytes > 0;
-            got = got.saturating_add(bytes);
-            more
-        })
-        .map(|(arena, _)| arena)
-        .collect()
+        .filter_map(|i| Some((i, dirty(i)?)))
+        .filter(|&(_, bytes)| bytes > 0)
+        .max_by_key(|&(_, bytes)| bytes)
 }
 
 /// The purges so far.
@@ -511,12 +527,14 @@ mod tests {
     }
 
     #[test]
-    fn past_the_limit_only_the_fullest_arenas_go_until_the_excess_is_covered() {
-        let dirty = vec![(0, 10 * MIB), (1, 40 * MIB), (2, 0), (3, 25 * MIB), (4, 5 * MIB)];
-        assert_eq!(fullest(dirty.clone(), 30 * MIB), [1], "one arena covers it");
-        assert_eq!(fullest(dirty.clone(), 41 * MIB), [1, 3]);
-        assert_eq!(fullest(dirty.clone(), 1 << 40), [1, 3, 0, 4], "never an arena with nothing dirty");
-        assert_eq!(fullest(dirty, 0), Vec::<u32>::new());
+    fn past_the_limit_the_fullest_arena_goes_first() {
+        let dirty = [Some(10 * MIB), Some(40 * MIB), Some(0), None, Some(25 * MIB)];
+        let narenas = ctl::<u32>(c"arenas.narenas").unwrap();
+        assert!(narenas as usize >= dirty.len(), "jemalloc has {narenas} arenas");
+        let read = |i: u32| dirty.get(i as usize).copied().flatten();
+        assert_eq!(fullest(read), Some((1, 40 * MIB)));
+        assert_eq!(fullest(|_| Some(0)), None, "never an arena with nothing dirty");
+        assert_eq!(fullest(|_| None), None);
         // The excess counts native, the heap and the uncounted bytes over the limit.
         let s = Seen { native: 1000 << 20, outside: 20 << 20, uncounted: 30 << 20, ..seen() };
         assert_eq!(s.excess(), 26 * MIB);
