@@ -24,6 +24,7 @@ mod internal;
 pub mod java_api;
 pub mod jemalloc_api;
 mod jvm_gate;
+mod lazy_free;
 pub mod malloc;
 mod malloc_conf;
 mod size_class;
