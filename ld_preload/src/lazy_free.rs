@@ -14,7 +14,8 @@
 //!
 //! So after every free a thread owes less than one interval (the ledger's *lag*,
 //! part of its error bound, on the side where the account is high), and nothing once
-//! it has flushed.
+//! it has flushed. The interval is the threshold at load; under 64 MiB limits
+//! ([`MIN_INTERVAL`]) there is no hook and no lazy free.
 //!
 //! What keeps the count exact:
 //!
@@ -30,10 +31,12 @@
 //!   scope that owns it: no free is lazy once [`face::scopes_used`], which never goes
 //!   back. Until then no thread is attached to a scope, so every lazy free is the
 //!   process's; a thread that attaches settles first.
-//! * Only a loose thread (slack > 0) is lazy: a fresh thread, a tight one (past the
-//!   limit, where every operation is exact) and an exited one credit each free as it
-//!   happens. The ledger tells the face at every change of slack ([`rearm`]), with
-//!   the delta just taken, and what is still owed then goes with the answer.
+//! * Only a thread whose slack is at least the interval is lazy, so its lag never
+//!   passes its slack: a fresh thread, a tight one (past the limit, where every
+//!   operation is exact), an exited one, and every thread once the limit is lowered
+//!   under the one at load credit each free as it happens. The ledger tells the face
+//!   at every change of slack ([`rearm`]), with the delta just taken, and what is
+//!   still owed then goes with the answer.
 //! * Only a thread whose hook has fired is lazy (`Slot::armed`): jemalloc arms the
 //!   event for threads whose state it sets up after the registration, and for the
 //!   registering thread; a thread that existed before would see its first event only
@@ -51,6 +54,13 @@ use tikv_jemalloc_sys as jem;
 /// The hook's interval in bytes; 0 until it is registered (no thread is lazy then).
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
 
+/// No hook under this interval (limits under 64 MiB, whose threshold is smaller): it
+/// would fire every few dozen small frees, and each firing credits more than the
+/// thread's slack, a slow path. Measured on `benches/preload/churn.c 1 1000000 small`
+/// (instructions per malloc + free against counting each free): 4 KiB +18, 8 KiB +3,
+/// 16 KiB -4, 32 KiB -8, 64 KiB -11, 1 MiB -12.
+const MIN_INTERVAL: u64 = 16 << 10;
+
 /// The hook's interval: the most a lazy thread's frees wait for their credit.
 fn interval() -> u64 {
     INTERVAL.load(Acquire)
@@ -64,10 +74,15 @@ struct UserHook {
     is_alloc_only: bool,
 }
 
-/// Registers the hook with jemalloc, every `interval` bytes allocated and freed. From
-/// the constructor, once jemalloc's control tree is set up; on failure (no such control,
-/// its four slots taken) no thread is ever lazy.
+/// Registers the hook with jemalloc, every `interval` bytes allocated and freed: the
+/// threshold at load, so that frees wait for their credit no longer than allocations
+/// wait for their flush. From the constructor, once jemalloc's control tree is set up;
+/// under [`MIN_INTERVAL`], or on failure (no such control, its four slots taken), no
+/// thread is ever lazy.
 pub(crate) fn register(interval: u64) {
+    if interval < MIN_INTERVAL {
+        return;
+    }
     let hook = UserHook { callback: on_event, interval, is_alloc_only: false };
     // SAFETY: a NUL-terminated control name whose new value is a user_hook_object_t,
     // which jemalloc copies: `hook` and its size describe one. No old value is read.
@@ -86,12 +101,6 @@ pub(crate) fn register(interval: u64) {
         // Release: a thread that reads the interval sees jemalloc's registration.
         INTERVAL.store(interval, Release);
     }
-}
-
-/// Whether the calling thread's frees may be plain tail calls.
-#[inline(always)]
-pub(crate) fn lazy(s: &Slot) -> bool {
-    s.lazy.get() && !face::scopes_used()
 }
 
 /// jemalloc's total of bytes freed by this thread.
@@ -151,12 +160,18 @@ pub(crate) fn unseen() -> u64 {
 }
 
 /// [`face::Face::lazy_frees`]: the calling thread's slack is now `slack`, its delta
-/// just taken. Lazy while loose, armed, with its totals found, and no scope begun.
+/// just taken. Lazy while its slack is at least the interval (loose, and the limit not
+/// lowered since load: a thread's lag never passes its slack), armed, with its totals
+/// found, and no scope begun.
 pub(crate) fn rearm(slack: u64) -> LazyFrees {
     let s = slot();
     let interval = interval();
     let total = s.deallocated.get();
-    let want = slack != 0 && interval != 0 && s.armed.get() && !total.is_null() && !face::scopes_used();
+    let want = interval != 0
+        && slack >= interval
+        && s.armed.get()
+        && !total.is_null()
+        && !face::scopes_used();
     let was = s.lazy.get();
     if want && !was {
         // SAFETY: non-null here, so this thread's thread.deallocatedp.

@@ -216,8 +216,8 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void 
 /// Credits the `size` bytes of the block `free` just gave back (in `Slot::freeing`);
 /// the slow path first looks for the block's owner record.
 #[inline(always)]
-fn credit_freed(size: usize) {
-    if !face::try_credit(local(), size as u64) {
+fn credit_freed(s: &Slot, size: usize) {
+    if !face::try_credit(&s.local, size as u64) {
         credit_freed_slow(size);
     }
 }
@@ -276,7 +276,8 @@ impl GiveBack {
 }
 
 /// `free`: while the thread's frees are lazy, a tail call into jemalloc (which takes
-/// null too), credited in bulk later (`lazy_free.rs`).
+/// null too), credited in bulk later (`lazy_free.rs`); otherwise counted, out of line.
+/// Every way out is a jump: no stack frame.
 ///
 /// # Safety
 /// `p` is null, or a live block of this allocator (from the malloc family or C++
@@ -284,27 +285,43 @@ impl GiveBack {
 #[inline(always)]
 unsafe fn release(p: *mut c_void) {
     let s = slot();
-    if lazy_free::lazy(s) {
-        // SAFETY: `p` is null or a live jemalloc block, not used after (this function's
-        // contract).
-        return unsafe { jem::free(p) };
+    if s.lazy.get() {
+        if !face::scopes_used() {
+            // SAFETY: `p` is null or a live jemalloc block, not used after (this
+            // function's contract).
+            return unsafe { jem::free(p) };
+        }
+        // SAFETY: this function's contract is free_guarded's; `s` is this thread's slot.
+        return unsafe { free_guarded(p, s) };
     }
-    // SAFETY: this function's contract is free_counted's.
-    unsafe { free_counted(p) }
+    // SAFETY: this function's contract is free_counted's; `s` is this thread's slot.
+    unsafe { free_counted(p, s) }
 }
 
-/// [`release_counted`] for `free`, out of line so that the lazy `free` needs no stack
-/// frame: its caller reaches it by a jump (`extern "C"`, so it cannot unwind and the
-/// caller needs no landing pad).
+/// `free` on a thread whose frees are not lazy, out of line so that the lazy `free`
+/// needs no stack frame: its caller reaches it by a jump (`extern "C"`, so it cannot
+/// unwind and the caller needs no landing pad; the slot's address comes along).
 ///
 /// # Safety
-/// `p` is null, or a live block of this allocator (from the malloc family or C++
-/// `new`) not given back since; it is not used after.
+/// `s` is the calling thread's slot, whose frees are not lazy; `p` is null, or a live
+/// block of this allocator (from the malloc family or C++ `new`) not given back since;
+/// it is not used after.
 #[inline(never)]
-unsafe extern "C" fn free_counted(p: *mut c_void) {
-    // SAFETY: the calling thread's slot; the rest is this function's contract, which is
-    // release_counted's for `free`.
-    unsafe { release_counted(slot(), p, GiveBack::Free) }
+unsafe extern "C" fn free_counted(p: *mut c_void, s: &Slot) {
+    // SAFETY: this function's contract is release_counted's for `free`.
+    unsafe { release_counted::<false>(s, p, GiveBack::Free) }
+}
+
+/// `free` on a lazy thread once a scope has begun (it turns lazy frees off at its next
+/// slow path): counted, outside the bulk credit.
+///
+/// # Safety
+/// As [`free_counted`], for a thread whose frees are lazy.
+#[cold]
+#[inline(never)]
+unsafe extern "C" fn free_guarded(p: *mut c_void, s: &Slot) {
+    // SAFETY: this function's contract is release_counted's for `free`.
+    unsafe { release_counted::<true>(s, p, GiveBack::Free) }
 }
 
 /// Gives a block back `how`: lazily like [`release`]'s `free`, or counted.
@@ -319,26 +336,33 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         return;
     }
     let s = slot();
-    if lazy_free::lazy(s) {
-        // SAFETY: `p` is non-null here, so a live block `how` may give back (this
-        // function's contract), not used after.
-        return unsafe { how.call(p) };
+    if !s.lazy.get() {
+        // SAFETY: this function's contract is release_counted's; `s` is this thread's
+        // slot, whose frees are not lazy.
+        return unsafe { release_counted::<false>(s, p, how) };
     }
-    // SAFETY: this function's contract is release_counted's.
-    unsafe { release_counted(s, p, how) }
+    if face::scopes_used() {
+        // SAFETY: as above, for a thread whose frees are lazy.
+        return unsafe { release_counted::<true>(s, p, how) };
+    }
+    // SAFETY: `p` is non-null here, so a live block `how` may give back (this
+    // function's contract), not used after.
+    unsafe { how.call(p) }
 }
 
 /// Gives a block back `how` and credits its size: what jemalloc's per-thread total
 /// of freed bytes moved by, so the free costs jemalloc's own lookup and nothing more.
 /// Before the thread's first slow path has found that total, ask `sallocx` (a second
-/// lookup).
+/// lookup). `LAZY`: the thread's frees are lazy, so the call is kept out of their bulk
+/// credit (`lazy_free::measured`).
 ///
 /// # Safety
-/// `s` is the calling thread's slot; `p` is null, or a live block of this allocator
-/// (from the malloc family, jemalloc's API or C++ `new`) not given back since, that
-/// [`GiveBack::call`] may give back `how`; it is not used after.
+/// `s` is the calling thread's slot, whose frees are lazy exactly when `LAZY`; `p` is
+/// null, or a live block of this allocator (from the malloc family, jemalloc's API or
+/// C++ `new`) not given back since, that [`GiveBack::call`] may give back `how`; it is
+/// not used after.
 #[inline(always)]
-unsafe fn release_counted(s: &Slot, p: *mut c_void, how: GiveBack) {
+unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveBack) {
     if p.is_null() {
         return;
     }
@@ -351,14 +375,26 @@ unsafe fn release_counted(s: &Slot, p: *mut c_void, how: GiveBack) {
         // used after.
         unsafe { how.call(p) };
         size
-    } else {
+    } else if LAZY {
         // SAFETY: `freed` is this thread's thread.deallocatedp (from its own slot, this
         // function's contract) and non-null here; `p` is non-null, so a live block `how`
         // may give back (this function's contract), not used after.
         (unsafe { lazy_free::measured(s, freed, || how.call(p)) }).1 as usize
+    } else {
+        // SAFETY: `freed` points into this thread's jemalloc state (thread.deallocatedp),
+        // valid while the thread lives; jemalloc writes it only on this thread.
+        let before = unsafe { freed.read_volatile() };
+        // SAFETY: `p` is non-null here, so a live block `how` may give back (this
+        // function's contract), not used after.
+        unsafe { how.call(p) };
+        // SAFETY: `freed` still points into this thread's jemalloc state, which lives
+        // as long as the thread; jemalloc has just written it, on this thread.
+        (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
     };
-    credit_freed(size);
-    lazy_free::catch_up(s);
+    credit_freed(s, size);
+    if LAZY {
+        lazy_free::catch_up(s);
+    }
 }
 
 /// `realloc`.

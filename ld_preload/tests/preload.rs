@@ -374,6 +374,14 @@ fn lazy_frees_leave_scopes_exact() {
     lazy("scopes");
 }
 
+/// A lazy thread under a limit lowered so far that its new slack is under the hook's
+/// interval: its next slow path ends its lazy frees, so no thread's lag passes its
+/// slack (the error bound shrinks with the limit), and the count stays exact.
+#[test]
+fn a_lowered_limit_ends_lazy_frees() {
+    lazy("limit");
+}
+
 #[test]
 fn fork_child_allocates_and_parent_is_unaffected() {
     assert_ok(&probe(&["fork"], &[]), "fork");

@@ -5,7 +5,7 @@
  * its threads lazy and checks that they are (each lazy thread adds its lag, the
  * interval, to memquota's error bound), then checks the counts.
  *
- * lazy threads | realloc | scopes. Prints "ok MODE" at the end. */
+ * lazy threads | realloc | scopes | limit. Prints "ok MODE" at the end. */
 #define _GNU_SOURCE
 #include "../../include/memquota.h"
 #include <malloc.h>
@@ -17,6 +17,7 @@
 
 #pragma weak memquota_stats_json
 #pragma weak memquota_flush
+#pragma weak memquota_set_limit
 #pragma weak memquota_scope_begin
 #pragma weak memquota_scope_end
 #pragma weak memquota_scope_attach
@@ -281,12 +282,50 @@ static void scopes(void) {
     CHECKV(native() == base, "native %lld, base %lld", native(), base);
 }
 
+/* ---- limit: a lowered limit ends lazy frees ---------------------------------------- */
+
+/* Lazy under 1g; once the limit is 128m (threshold 32 KiB, under the hook's 256 KiB
+ * interval) its next slow path ends its lazy frees: no thread's lag passes its slack. */
+static void *lowered(void *arg) {
+    (void)arg;
+    become_lazy();
+    pthread_barrier_wait(&bar); /* 1: lazy */
+    pthread_barrier_wait(&bar); /* 2: the limit is lowered */
+    become_lazy();              /* slow paths: the new threshold, and no lazy frees */
+    memquota_flush();
+    pthread_barrier_wait(&bar); /* 3: flushed */
+    pthread_barrier_wait(&bar); /* 4: main has looked */
+    return NULL;
+}
+
+static void limit(void) {
+    warm_thread_cache(1);
+    long long base = native(), bound0 = error_bound();
+    CHECK(pthread_barrier_init(&bar, NULL, 2) == 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, lowered, NULL) == 0);
+    pthread_barrier_wait(&bar); /* 1 */
+    CHECKV(error_bound() >= bound0 + 2 * THRESHOLD, "bound %lld, was %lld", error_bound(), bound0);
+    CHECK(memquota_set_limit(128ll << 20) == 0);
+    pthread_barrier_wait(&bar); /* 2 */
+    pthread_barrier_wait(&bar); /* 3 */
+    /* Every thread that flushed since has a 32 KiB slack, and none a lag; the others
+     * (memquota's own, the main thread) still count at most their old 256 KiB slack. */
+    long long bound = error_bound();
+    CHECKV(bound <= bound0 - THRESHOLD + (32 << 10), "bound %lld, was %lld before the thread", bound, bound0);
+    CHECKV(native() == base, "native %lld, base %lld", native(), base);
+    pthread_barrier_wait(&bar); /* 4 */
+    pthread_join(th, NULL);
+    CHECKV(native() == base, "native %lld, base %lld", native(), base);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     CHECK(memquota_flush != NULL && memquota_scope_begin != NULL);
     if (!strcmp(argv[1], "threads")) threads();
     else if (!strcmp(argv[1], "realloc")) reallocs();
     else if (!strcmp(argv[1], "scopes")) scopes();
+    else if (!strcmp(argv[1], "limit")) limit();
     else return 4;
     printf("ok %s\n", argv[1]);
     return 0;
