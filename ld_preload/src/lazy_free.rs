@@ -167,11 +167,8 @@ pub(crate) fn rearm(slack: u64) -> LazyFrees {
     let s = slot();
     let interval = interval();
     let total = s.deallocated.get();
-    let want = interval != 0
-        && slack >= interval
-        && s.armed.get()
-        && !total.is_null()
-        && !face::scopes_used();
+    let want =
+        interval != 0 && slack >= interval && s.armed.get() && !total.is_null() && !face::scopes_used();
     let was = s.lazy.get();
     if want && !was {
         // SAFETY: non-null here, so this thread's thread.deallocatedp.
@@ -218,17 +215,11 @@ pub(crate) unsafe fn measured<R>(s: &Slot, total: *const u64, call: impl FnOnce(
     // SAFETY: as for `before`; jemalloc has just written it, on this thread.
     let moved = (unsafe { read(total) }).wrapping_sub(before);
     if lazy {
-        unguard(s, moved);
+        // What the call moved is its caller's to credit.
+        s.base.set(s.base.get().wrapping_add(moved));
+        s.guard.set(false);
     }
     (r, moved)
-}
-
-/// Ends a guarded call that moved the total by `moved` bytes its caller credits.
-#[cold]
-#[inline(never)]
-fn unguard(s: &Slot, moved: u64) {
-    s.base.set(s.base.get().wrapping_add(moved));
-    s.guard.set(false);
 }
 
 /// After a [`guarded`] or [`measured`] call and its caller's own credit: credits what

@@ -509,7 +509,9 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         moved
     };
     let counted = old + grow;
-    if now != counted {
+    if now < counted {
+        credit(counted - now); // a shrink: a credit, on the fast path when it fits
+    } else if now > counted {
         face::record(&FACE, now as i64 - counted as i64);
     }
     if big {
