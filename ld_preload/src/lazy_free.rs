@@ -14,13 +14,15 @@
 //!
 //! So after every free a thread owes less than one interval (the ledger's *lag*,
 //! part of its error bound, on the side where the account is high), and nothing once
-//! it has flushed. The interval is the threshold at load; under 64 MiB limits
+//! it has flushed. (jemalloc postpones its event while the thread is inside the hook,
+//! or its state is being set up or torn down: frees made then wait for the next event
+//! or flush.) The interval is the threshold at load; under 64 MiB limits
 //! ([`MIN_INTERVAL`]) there is no hook and no lazy free.
 //!
 //! What keeps the count exact:
 //!
 //! * Every other jemalloc call that moves the total is credited by its caller
-//!   (realloc's old block, xallocx, dallocx/sdallocx on the explicit path) or was never
+//!   (realloc's old block, xallocx, a counted free once a scope exists) or was never
 //!   charged (a refused mallocx's block), or is the library's own (counted by
 //!   `internal.rs`): it runs in [`guarded`] or [`measured`], which add its movement to
 //!   `base`; the hook, should it fire inside such a call, only notes that it did

@@ -6,8 +6,14 @@
 //!
 //! Error bound: after every operation `|delta| < slack`, so the process total differs
 //! from the true sum of live allocation sizes by less than the sum of the live
-//! threads' slacks, [`error_bound`], itself at most `live_threads() * threshold`.
-//! A thread picks up a new threshold at its next flush.
+//! threads' slacks, itself at most `live_threads() * threshold`. A face may also let a
+//! thread's frees wait before they reach the ledger (the preload's lazy `free`, a tail
+//! call into jemalloc credited in bulk): less than the thread's *lag* each, which the
+//! face declares ([`Face::lazy_frees`]) and never more than its slack. Those frees
+//! only make the total high, never low, so the total is within `(-slacks, slacks +
+//! lags)` of the truth, [`error_bound`] the sum, at most `2 * live_threads() *
+//! threshold`. A thread picks up a new threshold at its next flush; every flush, settle
+//! and exit takes the face's waiting frees with the delta ([`Face::unseen_frees`]).
 //!
 //! Over the limit: a flush adds the pending delta unconditionally (that memory is
 //! already taken), and a thread leaves the slow path with its slack only while the
