@@ -58,9 +58,9 @@ static LIVE_THREADS: AtomicI64 = AtomicI64::new(0);
 static SLACK_SUM: AtomicU64 = AtomicU64::new(0);
 /// The sum of the live threads' lags: the most their faces' frees may wait before
 /// they reach the ledger (the preload's frees, credited in bulk; see [`Face`]). Part
-/// of the error bound on the low side of the true figure only: a free not yet
-/// credited leaves the account above what is really in use, never below. Kept after
-/// a `fork` for the threads that did not survive it, like [`SLACK_SUM`].
+/// of the error bound on one side only: a free not yet credited leaves the account
+/// above what is really in use, never below. Kept after a `fork` for the threads that
+/// did not survive it, like [`SLACK_SUM`].
 static LAG_SUM: AtomicU64 = AtomicU64::new(0);
 /// Grants that left native plus heap past the limit.
 static OVERCOMMITS: AtomicU64 = AtomicU64::new(0);
@@ -253,7 +253,8 @@ pub struct Face {
     pub unseen_frees: fn() -> u64,
     /// The calling thread's slack is now `slack` (0: fresh, tight or exited): the face
     /// says whether its frees may go uncredited for a while, and how long. Called on
-    /// that thread after each change, with its delta just taken.
+    /// that thread after each change, with its delta just taken (or, on its first
+    /// visit, still zero).
     pub lazy_frees: fn(slack: u64) -> LazyFrees,
 }
 
