@@ -99,14 +99,14 @@ pub mod face {
     pub use crate::host::{anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
     pub use crate::ledger::{
         charge_or_miss, enter, spawn_service, thread_exit, try_charge, try_credit, undo_charge, Busy, Face,
-        Local,
+        LazyFrees, Local,
     };
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_container, write_untracked_note};
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, last_refusal_raw, note_alloc, note_free,
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
-        retry_end_raw,
+        retry_end_raw, scopes_used,
     };
     pub use crate::slow_path::{charge_slow, end_gate, flush_thread, make_room, record};
     pub use crate::tables::retry::Rollback;

@@ -48,9 +48,12 @@ unsafe impl GlobalAlloc for Internal {
         // SAFETY: nallocx has no preconditions; with `alloc`'s size and flags (the same
         // layout, this function's contract) it gives the usable size `alloc` recorded.
         let usable = unsafe { jem::nallocx(layout.size(), f) };
+        // Recorded just below, so outside the bulk credit of lazy frees.
+        let s = crate::tls::slot();
         // SAFETY: `ptr` is live and came from `alloc` with this layout (this function's
         // contract), so from mallocx with this size and these flags.
-        unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) };
+        crate::lazy_free::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
         face::record(&FACE, -(usable as i64));
+        crate::lazy_free::catch_up(s);
     }
 }

@@ -22,6 +22,7 @@
 //! A refusal is NULL (`mallocx`, `rallocx`, with `errno` ENOMEM) or no change
 //! (`xallocx`), with the report, like any other.
 
+use crate::lazy_free;
 use crate::malloc::{alloc_flags, charge, release_by, resize_by, GiveBack, Resize};
 use crate::tls::FACE;
 use libc::{c_char, c_int, c_void, size_t};
@@ -98,9 +99,12 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
         }
         return old;
     }
+    // A resize in place moves jemalloc's total of freed bytes by the old size: credited
+    // below (in `now - counted`), not in bulk.
+    let s = crate::tls::slot();
     // SAFETY: `ptr` is a live jemalloc block, size >= 1, the caller's flags valid (this
     // function's contract).
-    let now = unsafe { jem::xallocx(ptr, size, extra, flags) };
+    let now = lazy_free::guarded(s, || unsafe { jem::xallocx(ptr, size, extra, flags) });
     let counted = old + grow;
     if now != counted {
         face::record(&FACE, now as i64 - counted as i64);
@@ -108,6 +112,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     if big {
         face::note_realloc_end(&FACE, ptr as usize, ptr as usize, old as u64, now as u64, had);
     }
+    lazy_free::catch_up(s);
     now
 }
 

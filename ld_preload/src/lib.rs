@@ -8,7 +8,9 @@
 //! `MALLOC_CONF` as well as its own `_RJEM_MALLOC_CONF` (`malloc_conf.rs`).
 //!
 //! Accounting is in jemalloc's usable sizes: `free(p)` credits what jemalloc's
-//! per-thread total of freed bytes moved by across the call, `malloc(n)` under 4 KiB
+//! per-thread total of freed bytes moved by, across the call or, on a thread whose
+//! frees are lazy (`lazy_free.rs`), in bulk from jemalloc's event hook and at every
+//! flush, the free itself a tail call into jemalloc; `malloc(n)` under 4 KiB
 //! charges a size class from a table filled from `nallocx` at load, before memory is
 //! taken; neither costs a size lookup. Larger requests are charged before memory is
 //! taken, with the size class computed (checked against `nallocx` at load) or asked
@@ -24,6 +26,7 @@ mod internal;
 pub mod java_api;
 pub mod jemalloc_api;
 mod jvm_gate;
+mod lazy_free;
 pub mod malloc;
 mod malloc_conf;
 mod size_class;

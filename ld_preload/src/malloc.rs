@@ -4,6 +4,7 @@
 //! Exported with `#[cfg_attr(not(test), no_mangle)]` so this crate's own unit tests
 //! do not interpose themselves.
 
+use crate::lazy_free;
 use crate::size_class::{small_usable, usable, SMALL_MAX};
 use crate::tls::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
@@ -36,7 +37,7 @@ pub(crate) fn charge(bytes: usize) -> bool {
 
 /// Credits `bytes` after memory is given back.
 #[inline(always)]
-fn credit(bytes: usize) {
+pub(crate) fn credit(bytes: usize) {
     if !face::try_credit(local(), bytes as u64) {
         slow(-(bytes as i64));
     }
@@ -142,24 +143,31 @@ pub(crate) unsafe fn alloc_flags(n: size_t, flags: c_int) -> *mut c_void {
 /// `n >= 1` and the flags are valid for jemalloc's `mallocx`.
 #[inline(always)]
 unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> *mut c_void {
-    // SAFETY: `total` points into this thread's jemalloc state (thread.allocatedp),
-    // valid while the thread lives, written only by it (this function's contract).
-    let before = unsafe { total.read_volatile() };
-    // SAFETY: n >= 1 and valid flags (this function's contract).
-    let p = unsafe { jem::mallocx(n, flags) };
+    // Guarded: jemalloc's hook waits until the total is read, so its movement is this
+    // call's alone.
+    let (p, size) = lazy_free::guarded(s, || {
+        // SAFETY: `total` points into this thread's jemalloc state (thread.allocatedp),
+        // valid while the thread lives, written only by it (this function's contract).
+        let before = unsafe { total.read_volatile() };
+        // SAFETY: n >= 1 and valid flags (this function's contract).
+        let p = unsafe { jem::mallocx(n, flags) };
+        // SAFETY: as for `before`; jemalloc has just written it, on this thread.
+        (p, (unsafe { total.read_volatile() }).wrapping_sub(before) as usize)
+    });
     if p.is_null() {
+        lazy_free::catch_up(s);
         return enomem();
     }
-    // SAFETY: `total` still points into this thread's jemalloc state, which lives as
-    // long as the thread; jemalloc has just written it, on this thread.
-    let size = (unsafe { total.read_volatile() }).wrapping_sub(before) as usize;
     if face::try_charge(&s.local, size as u64) || slow(size as i64) {
+        lazy_free::catch_up(s);
         return p;
     }
-    // Refused: give the few bytes back uncounted (they were never charged).
+    // Refused: give the few bytes back uncounted (they were never charged), outside
+    // the bulk credit of lazy frees.
     // SAFETY: `p` is the live block just allocated with these flags, `size` its usable
     // size.
-    unsafe { jem::sdallocx(p, size, flags) };
+    lazy_free::guarded(s, || unsafe { jem::sdallocx(p, size, flags) });
+    lazy_free::catch_up(s);
     enomem()
 }
 
@@ -208,8 +216,8 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void 
 /// Credits the `size` bytes of the block `free` just gave back (in `Slot::freeing`);
 /// the slow path first looks for the block's owner record.
 #[inline(always)]
-fn credit_freed(size: usize) {
-    if !face::try_credit(local(), size as u64) {
+fn credit_freed(s: &Slot, size: usize) {
+    if !face::try_credit(&s.local, size as u64) {
         credit_freed_slow(size);
     }
 }
@@ -267,21 +275,56 @@ impl GiveBack {
     }
 }
 
-/// `free`.
+/// `free`: while the thread's frees are lazy, a tail call into jemalloc (which takes
+/// null too), credited in bulk later (`lazy_free.rs`); otherwise counted, out of line.
+/// Every way out is a jump: no stack frame.
 ///
 /// # Safety
 /// `p` is null, or a live block of this allocator (from the malloc family or C++
 /// `new`) not given back since; it is not used after.
 #[inline(always)]
 unsafe fn release(p: *mut c_void) {
-    // SAFETY: this function's contract is release_by's, for `free`.
-    unsafe { release_by(p, GiveBack::Free) }
+    let s = slot();
+    if s.lazy.get() {
+        if !face::scopes_used() {
+            // SAFETY: `p` is null or a live jemalloc block, not used after (this
+            // function's contract).
+            return unsafe { jem::free(p) };
+        }
+        // SAFETY: this function's contract is free_guarded's; `s` is this thread's slot.
+        return unsafe { free_guarded(p, s) };
+    }
+    // SAFETY: this function's contract is free_counted's; `s` is this thread's slot.
+    unsafe { free_counted(p, s) }
 }
 
-/// Gives a block back `how` and credits its size: what jemalloc's per-thread total
-/// of freed bytes moved by, so the free costs jemalloc's own lookup and nothing more.
-/// Before the thread's first slow path has found that total, ask `sallocx` (a second
-/// lookup).
+/// `free` on a thread whose frees are not lazy, out of line so that the lazy `free`
+/// needs no stack frame: its caller reaches it by a jump (`extern "C"`, so it cannot
+/// unwind and the caller needs no landing pad; the slot's address comes along).
+///
+/// # Safety
+/// `s` is the calling thread's slot, whose frees are not lazy; `p` is null, or a live
+/// block of this allocator (from the malloc family or C++ `new`) not given back since;
+/// it is not used after.
+#[inline(never)]
+unsafe extern "C" fn free_counted(p: *mut c_void, s: &Slot) {
+    // SAFETY: this function's contract is release_counted's for `free`.
+    unsafe { release_counted::<false>(s, p, GiveBack::Free) }
+}
+
+/// `free` on a lazy thread once a scope has begun (it turns lazy frees off at its next
+/// slow path): counted, outside the bulk credit.
+///
+/// # Safety
+/// As [`free_counted`], for a thread whose frees are lazy.
+#[cold]
+#[inline(never)]
+unsafe extern "C" fn free_guarded(p: *mut c_void, s: &Slot) {
+    // SAFETY: this function's contract is release_counted's for `free`.
+    unsafe { release_counted::<true>(s, p, GiveBack::Free) }
+}
+
+/// Gives a block back `how`: lazily like [`release`]'s `free`, or counted.
 ///
 /// # Safety
 /// `p` is null, or a live block of this allocator (from the malloc family, jemalloc's
@@ -293,6 +336,36 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         return;
     }
     let s = slot();
+    if !s.lazy.get() {
+        // SAFETY: this function's contract is release_counted's; `s` is this thread's
+        // slot, whose frees are not lazy.
+        return unsafe { release_counted::<false>(s, p, how) };
+    }
+    if face::scopes_used() {
+        // SAFETY: as above, for a thread whose frees are lazy.
+        return unsafe { release_counted::<true>(s, p, how) };
+    }
+    // SAFETY: `p` is non-null here, so a live block `how` may give back (this
+    // function's contract), not used after.
+    unsafe { how.call(p) }
+}
+
+/// Gives a block back `how` and credits its size: what jemalloc's per-thread total
+/// of freed bytes moved by, so the free costs jemalloc's own lookup and nothing more.
+/// Before the thread's first slow path has found that total, ask `sallocx` (a second
+/// lookup). `LAZY`: the thread's frees are lazy, so the call is kept out of their bulk
+/// credit (`lazy_free::measured`).
+///
+/// # Safety
+/// `s` is the calling thread's slot, whose frees are lazy exactly when `LAZY`; `p` is
+/// null, or a live block of this allocator (from the malloc family, jemalloc's API or
+/// C++ `new`) not given back since, that [`GiveBack::call`] may give back `how`; it is
+/// not used after.
+#[inline(always)]
+unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveBack) {
+    if p.is_null() {
+        return;
+    }
     s.freeing.set(p);
     let freed = s.deallocated.get();
     let size = if freed.is_null() {
@@ -302,6 +375,11 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         // used after.
         unsafe { how.call(p) };
         size
+    } else if LAZY {
+        // SAFETY: `freed` is this thread's thread.deallocatedp (from its own slot, this
+        // function's contract) and non-null here; `p` is non-null, so a live block `how`
+        // may give back (this function's contract), not used after.
+        (unsafe { lazy_free::measured(s, freed, || how.call(p)) }).1 as usize
     } else {
         // SAFETY: `freed` points into this thread's jemalloc state (thread.deallocatedp),
         // valid while the thread lives; jemalloc writes it only on this thread.
@@ -313,7 +391,10 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         // as long as the thread; jemalloc has just written it, on this thread.
         (unsafe { freed.read_volatile() }).wrapping_sub(before) as usize
     };
-    credit_freed(size);
+    credit_freed(s, size);
+    if LAZY {
+        lazy_free::catch_up(s);
+    }
 }
 
 /// `realloc`.
@@ -383,21 +464,33 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     // jemalloc adds the new block's usable size to this thread's total of allocated
     // bytes when a resize succeeds (moved or in place): read just around the call, its
     // movement is the size the block now has, where a second `sallocx` was a lookup.
-    let total = slot().allocated.get();
-    let before = if total.is_null() {
-        0
-    } else {
-        // SAFETY: a non-null `allocated` is this thread's thread.allocatedp, valid while
-        // the thread lives and written only by it.
-        unsafe { total.read_volatile() }
-    };
-    let q = match how {
-        // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
-        Resize::Realloc => unsafe { jem::realloc(p, n) },
-        // SAFETY: `p` is a live jemalloc block, n >= 1, valid flags (this function's
-        // contract).
-        Resize::Rallocx(flags) => unsafe { jem::rallocx(p, n, flags) },
-    };
+    // Guarded: the old block's bytes are credited below (in `now - counted`), not in
+    // bulk, and jemalloc's hook waits until the total is read.
+    let s = slot();
+    let total = s.allocated.get();
+    let (q, moved) = lazy_free::guarded(s, || {
+        let before = if total.is_null() {
+            0
+        } else {
+            // SAFETY: a non-null `allocated` is this thread's thread.allocatedp, valid
+            // while the thread lives and written only by it.
+            unsafe { total.read_volatile() }
+        };
+        let q = match how {
+            // SAFETY: `p` is a live jemalloc block (this function's contract), n >= 1.
+            Resize::Realloc => unsafe { jem::realloc(p, n) },
+            // SAFETY: `p` is a live jemalloc block, n >= 1, valid flags (this function's
+            // contract).
+            Resize::Rallocx(flags) => unsafe { jem::rallocx(p, n, flags) },
+        };
+        let moved = if total.is_null() {
+            0
+        } else {
+            // SAFETY: as for `before`; jemalloc has just written it, on this thread.
+            (unsafe { total.read_volatile() }).wrapping_sub(before) as usize
+        };
+        (q, moved)
+    });
     if q.is_null() {
         if grow > 0 {
             credit(grow);
@@ -405,6 +498,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         if had {
             face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
         }
+        lazy_free::catch_up(s);
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
@@ -412,16 +506,18 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         // SAFETY: `q` is non-null, so the live block jemalloc just returned.
         unsafe { jem::sallocx(q, 0) }
     } else {
-        // SAFETY: as for `before`; jemalloc has just written it, on this thread.
-        (unsafe { total.read_volatile() }).wrapping_sub(before) as usize
+        moved
     };
     let counted = old + grow;
-    if now != counted {
+    if now < counted {
+        credit(counted - now); // a shrink: a credit, on the fast path when it fits
+    } else if now > counted {
         face::record(&FACE, now as i64 - counted as i64);
     }
     if big {
         face::note_realloc_end(&FACE, p as usize, q as usize, old as u64, now as u64, had);
     }
+    lazy_free::catch_up(s);
     q
 }
 

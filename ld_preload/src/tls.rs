@@ -24,6 +24,17 @@ pub(crate) struct Slot {
     /// The block `free` is giving back, for its slow path's owner lookup (a store
     /// costs the fast path less than keeping the pointer live across the call).
     pub(crate) freeing: Cell<*mut libc::c_void>,
+    /// Frees are tail calls into jemalloc, credited in bulk (`lazy_free.rs`).
+    pub(crate) lazy: Cell<bool>,
+    /// jemalloc's per-thread hook has fired on this thread, so it fires again.
+    pub(crate) armed: Cell<bool>,
+    /// Inside a jemalloc call whose freed bytes its caller credits itself.
+    pub(crate) guard: Cell<bool>,
+    /// jemalloc's hook fired inside such a call: credit in bulk after it.
+    pub(crate) missed: Cell<bool>,
+    /// jemalloc's total of bytes freed by this thread up to which every free is
+    /// credited, while `lazy`.
+    pub(crate) base: Cell<u64>,
     /// The thread's retry blocks begun through the C ABI or the Java class.
     pub(crate) retry: RetryNest,
 }
@@ -72,7 +83,7 @@ impl RetryNest {
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("the preload's initial-exec TLS access is written for x86_64");
 
-const SLOT: usize = 256;
+const SLOT: usize = 320;
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT && std::mem::align_of::<Slot>() <= 64);
 
 // A zero-filled, 64-byte-aligned TLS slot of SLOT bytes. All-zero bytes are a fresh `Slot`
@@ -121,7 +132,13 @@ pub(crate) fn slot() -> &'static Slot {
 }
 
 /// The preload's face for the shared slow path.
-pub(crate) static FACE: Face = Face { local: local_opt, register_exit, configure_from_env: false };
+pub(crate) static FACE: Face = Face {
+    local: local_opt,
+    register_exit,
+    configure_from_env: false,
+    unseen_frees: crate::lazy_free::unseen,
+    lazy_frees: crate::lazy_free::rearm,
+};
 
 fn local_opt() -> Option<&'static Local> {
     Some(local())

@@ -19,6 +19,7 @@ struct Built {
     retry: PathBuf,
     tls_lib: PathBuf,
     cxx: PathBuf,
+    lazy: PathBuf,
 }
 
 fn built() -> &'static Built {
@@ -37,12 +38,14 @@ fn built() -> &'static Built {
             retry: out.join("retry"),
             tls_lib: out.join("libtls.so"),
             cxx: out.join("cxx"),
+            lazy: out.join("lazy"),
         };
         cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-w", "-pthread", "probe.c", "-o", b.probe.to_str().unwrap(), "-ldl"]);
         cc("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c", "-o", b.tls_lib.to_str().unwrap()]);
         cc("g++", &["-O1", "-std=c++17", "cxx.cc", "-o", b.cxx.to_str().unwrap()]);
+        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "lazy.c", "-o", b.lazy.to_str().unwrap()]);
         b
     })
 }
@@ -336,6 +339,47 @@ fn every_entry_point_is_counted_exactly_and_behaves_like_glibc() {
 #[test]
 fn cross_thread_frees_are_exact() {
     assert_ok(&probe(&["threads"], &[]), "threads");
+}
+
+/// `lazy.c MODE` under a 1 GiB limit (threshold and the hook's interval 256 KiB),
+/// checked: it ran to its end.
+fn lazy(mode: &str) {
+    let out = preloaded(&built().lazy, &[mode], &[("MEMQUOTA_LIMIT", "1g")]);
+    assert_ok(&out, mode);
+    assert_eq!(text(&out.stdout), format!("ok {mode}\n"));
+}
+
+/// Frees credited in bulk (`lazy_free.rs`): four threads, each lazy, free ~35 MiB
+/// another thread allocated and stay alive: the count is off by less than their slacks
+/// and lags (the hook credited them as they freed), exact once each flushes; a second
+/// round freed just before they exit is exact after the join (the exit flush).
+#[test]
+fn lazy_frees_of_other_threads_blocks_lag_by_less_than_the_interval_and_flush_exactly() {
+    lazy("threads");
+}
+
+/// Lazy threads mixing realloc (grow, shrink, move, to 0, of other threads' blocks),
+/// calloc and aligned blocks with their frees: exact once each flushes, and after they
+/// exit.
+#[test]
+fn lazy_frees_mixed_with_realloc_are_exact() {
+    lazy("realloc");
+}
+
+/// A thread lazy before any scope begins frees a scope's big block: its owner record
+/// credits the scope (the scope ends holding nothing). A lazy thread that attaches to a
+/// scope with frees not yet credited: they are the process's, not the scope's.
+#[test]
+fn lazy_frees_leave_scopes_exact() {
+    lazy("scopes");
+}
+
+/// A lazy thread under a limit lowered so far that its new slack is under the hook's
+/// interval: its next slow path ends its lazy frees, so no thread's lag passes its
+/// slack (the error bound shrinks with the limit), and the count stays exact.
+#[test]
+fn a_lowered_limit_ends_lazy_frees() {
+    lazy("limit");
 }
 
 #[test]

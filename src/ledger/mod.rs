@@ -6,8 +6,14 @@
 //!
 //! Error bound: after every operation `|delta| < slack`, so the process total differs
 //! from the true sum of live allocation sizes by less than the sum of the live
-//! threads' slacks, [`error_bound`], itself at most `live_threads() * threshold`.
-//! A thread picks up a new threshold at its next flush.
+//! threads' slacks, itself at most `live_threads() * threshold`. A face may also let a
+//! thread's frees wait before they reach the ledger (the preload's lazy `free`, a tail
+//! call into jemalloc credited in bulk): less than the thread's *lag* each, which the
+//! face declares ([`Face::lazy_frees`]) and never more than its slack. Those frees
+//! only make the total high, never low, so the total is within `(-slacks, slacks +
+//! lags)` of the truth, [`error_bound`] the sum, at most `2 * live_threads() *
+//! threshold`. A thread picks up a new threshold at its next flush; every flush, settle
+//! and exit takes the face's waiting frees with the delta ([`Face::unseen_frees`]).
 //!
 //! Over the limit: a flush adds the pending delta unconditionally (that memory is
 //! already taken), and a thread leaves the slow path with its slack only while the
@@ -50,6 +56,12 @@ static LIVE_THREADS: AtomicI64 = AtomicI64::new(0);
 /// After a `fork` it keeps the allowances of the threads that did not survive it:
 /// what they had not flushed is in the child's memory, uncounted.
 static SLACK_SUM: AtomicU64 = AtomicU64::new(0);
+/// The sum of the live threads' lags: the most their faces' frees may wait before
+/// they reach the ledger (the preload's frees, credited in bulk; see [`Face`]). Part
+/// of the error bound on one side only: a free not yet credited leaves the account
+/// above what is really in use, never below. Kept after a `fork` for the threads that
+/// did not survive it, like [`SLACK_SUM`].
+static LAG_SUM: AtomicU64 = AtomicU64::new(0);
 /// Grants that left native plus heap past the limit.
 static OVERCOMMITS: AtomicU64 = AtomicU64::new(0);
 /// The face whose threads the background worker, `flush_thread` and the fork handlers
@@ -133,9 +145,10 @@ pub(crate) fn live_threads() -> u64 {
     u64::try_from(LIVE_THREADS.load(Relaxed)).unwrap_or(0)
 }
 
-/// The current bound on `|tracked - true live bytes|`.
+/// The current bound on `|tracked - true live bytes|`: the live threads' slacks, and
+/// on the side where the account is high, their lags.
 pub(crate) fn error_bound() -> u64 {
-    SLACK_SUM.load(Relaxed)
+    SLACK_SUM.load(Relaxed).saturating_add(LAG_SUM.load(Relaxed))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -188,6 +201,9 @@ pub struct Local {
     /// Bytes a gate in a retry block charged to the thread's scope and the account
     /// for the allocation that follows it ([`prepay_scoped`]).
     prepaid_scoped: Cell<u64>,
+    /// The most this thread's frees may wait before its face hands them to the ledger
+    /// ([`Face::lazy_frees`]), counted in [`LAG_SUM`].
+    lag: Cell<u64>,
 }
 
 impl Local {
@@ -205,6 +221,7 @@ impl Local {
             scope: Cell::new(0),
             retry: Cell::new(0),
             prepaid_scoped: Cell::new(0),
+            lag: Cell::new(0),
         }
     }
 }
@@ -229,6 +246,38 @@ pub struct Face {
     /// and it configures the budget from its load-time constructor instead (no limit
     /// is enforced before that).
     pub configure_from_env: bool,
+    /// Bytes the calling thread gave back without crediting them yet, handed over now
+    /// (the face forgets them). Called on that thread wherever the ledger takes its
+    /// delta, so every flush, settle and exit counts them. A face whose frees are all
+    /// credited as they happen returns 0.
+    pub unseen_frees: fn() -> u64,
+    /// The calling thread's slack is now `slack` (0: fresh, tight or exited): the face
+    /// says whether its frees may go uncredited for a while, and how long. Called on
+    /// that thread after each change, with its delta just taken (or, on its first
+    /// visit, still zero).
+    pub lazy_frees: fn(slack: u64) -> LazyFrees,
+}
+
+/// A face's answer to a new slack ([`Face::lazy_frees`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LazyFrees {
+    /// The most the thread's frees may now wait, in bytes, before the face hands them
+    /// over through [`Face::unseen_frees`] (0: every free is credited as it happens).
+    /// Added to the error bound while the thread lives.
+    pub lag: u64,
+    /// Bytes freed since the delta was taken that the face hands over with this
+    /// answer (it stops deferring them): credited to the thread's scope at once.
+    pub unseen: u64,
+}
+
+/// The Rust face credits every free as it happens.
+pub(crate) fn no_unseen_frees() -> u64 {
+    0
+}
+
+/// The Rust face credits every free as it happens.
+pub(crate) fn no_lazy_frees(_slack: u64) -> LazyFrees {
+    LazyFrees::default()
 }
 
 /// Records a charge of `bytes` if the thread's allocations since its last flush stay
@@ -303,8 +352,10 @@ fn delta(l: &Local) -> i64 {
     l.down.get().wrapping_sub(l.up.get()) as i64
 }
 
+/// Takes the thread's delta, with the frees its face has not credited yet.
 fn take_delta(l: &Local) -> i64 {
-    let d = delta(l);
+    let unseen = (face().unseen_frees)();
+    let d = delta(l).wrapping_sub(unseen as i64);
     reset(l, l.slack.get());
     d
 }
@@ -457,8 +508,9 @@ pub fn thread_exit(l: &Local) {
 }
 
 /// In a `fork` child only the forking thread exists. The live-thread count starts
-/// again from it; [`SLACK_SUM`] keeps the vanished threads' allowances, since what
-/// they had not flushed was copied into the child and is never counted.
+/// again from it; [`SLACK_SUM`] and [`LAG_SUM`] keep the vanished threads' allowances
+/// and lags, since what they had not flushed (or their faces not handed over) was
+/// copied into the child and is never counted.
 pub(crate) fn after_fork_child(l: Option<&Local>) {
     let live = l.is_some_and(|l| l.phase.get() == Phase::Live);
     LIVE_THREADS.store(i64::from(live), Relaxed);
@@ -477,6 +529,16 @@ fn set_allowance(l: &Local, allowance: u64) {
     let slack = if l.tight.get() { 0 } else { allowance };
     l.slack.set(slack);
     reset(l, slack);
+    let lazy = (face().lazy_frees)(slack);
+    let old = l.lag.replace(lazy.lag);
+    if lazy.lag > old {
+        LAG_SUM.fetch_add(lazy.lag - old, Relaxed);
+    } else if old > lazy.lag {
+        LAG_SUM.fetch_sub(old - lazy.lag, Relaxed);
+    }
+    if lazy.unseen != 0 {
+        ACCOUNT.add(tables::attribute(l.scope.get(), -(lazy.unseen as i64)));
+    }
 }
 
 /// Charges `bytes` from inside our own slow path: straight to the account, no policy.

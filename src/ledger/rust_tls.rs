@@ -19,7 +19,13 @@ impl Drop for ExitFlush {
 }
 
 /// The Rust face.
-pub(crate) static RUST_FACE: Face = Face { local, register_exit, configure_from_env: true };
+pub(crate) static RUST_FACE: Face = Face {
+    local,
+    register_exit,
+    configure_from_env: true,
+    unseen_frees: super::no_unseen_frees,
+    lazy_frees: super::no_lazy_frees,
+};
 
 /// The calling thread's state.
 #[inline(always)]

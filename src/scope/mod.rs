@@ -101,10 +101,20 @@ pub(crate) unsafe fn after_fork(child: bool) {
 
 // ---- faces: owner records of big blocks --------------------------------------------
 
+/// Whether any scope has begun in this process: from then on big blocks may carry
+/// owner records, so a face must look for one when such a block is freed. Never goes
+/// back to false. A free of a block with a record reads true here whenever the block
+/// reached the freeing thread by a synchronising hand-over: the record was written
+/// after its writer read true.
+#[inline(always)]
+pub fn scopes_used() -> bool {
+    crate::tables::pool::SCOPES_USED.load(Relaxed)
+}
+
 /// After a block of `size` bytes at `ptr` was allocated through the slow path: gives
 /// it an owner record if it is big (a no-op otherwise, and before any scope exists).
 pub fn note_alloc(face: &'static Face, ptr: usize, size: u64) {
-    if size < OWNED_MIN || !crate::tables::pool::SCOPES_USED.load(Relaxed) {
+    if size < OWNED_MIN || !scopes_used() {
         return;
     }
     let handle = (face.local)().map_or(0, ledger::scope_of);
