@@ -14,36 +14,96 @@ use crate::quota::{Pressure, Quota};
 use crate::reclaim;
 use crate::report::{self, Refusal};
 use crate::settings::{self, policing_allocations, quota};
+use std::cell::Cell;
 
 /// Sync reclaims one request may go through before it is refused.
 const MAX_SYNC_ROUNDS: u32 = 2;
 
-/// Adds `bytes` to the process account if that stays under the limit, with no
-/// reclaim and no report: a scope's first try before it spills.
-pub(crate) fn fits(bytes: i64) -> bool {
-    let quota = quota();
-    let heap = heap_probe::outside();
-    let taken = ACCOUNT.try_add(bytes, quota.native_ceiling(heap));
-    if let Ok(native) = taken {
-        ask_for_room(quota, native, heap);
-    }
-    taken.is_ok()
+/// The process account's room for one charge, for a request whose size is known only
+/// under the pool lock (a scope's change of `held`). The ceiling is read first, with no
+/// lock held (the heap probe may run a user's function); [`take`](Room::take) is then
+/// a compare-and-swap, made under the pool lock so that the scope's figures and the
+/// account move in one step; [`granted`](Room::granted), once the lock is released,
+/// asks for a reclaim or a purge.
+pub(crate) struct Room {
+    quota: Quota,
+    heap: i64,
+    ceiling: i64,
+    /// The last charge asked for (0: none yet).
+    asked: Cell<i64>,
+    /// The total after a charge taken, or the total that left no room.
+    native: Cell<i64>,
+    taken: Cell<bool>,
 }
 
-/// Adds `bytes` to the process account if that stays within the over-commit bound
-/// (the limit plus a sixteenth of it, as small requests under `refuse_min`), with no
-/// reclaim and no report: a lone budget's last resort. Counted as an over-commit.
-pub(crate) fn fits_overcommitted(bytes: i64) -> bool {
-    let quota = quota();
-    let heap = heap_probe::outside();
-    let taken = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap));
-    if let Ok(native) = taken {
-        if quota.pressure(native, heap) == Pressure::Hard {
+impl Room {
+    fn at(quota: Quota, heap: i64, ceiling: i64) -> Room {
+        Room { quota, heap, ceiling, asked: Cell::new(0), native: Cell::new(0), taken: Cell::new(false) }
+    }
+
+    /// Room under the limit.
+    pub(crate) fn under_limit() -> Room {
+        let (quota, heap) = (quota(), heap_probe::outside());
+        Room::at(quota, heap, quota.native_ceiling(heap))
+    }
+
+    /// Room within the over-commit bound (the limit plus a sixteenth of it, as small
+    /// requests under `refuse_min`): a lone budget's last resort.
+    pub(crate) fn within_overcommit() -> Room {
+        let (quota, heap) = (quota(), heap_probe::outside());
+        Room::at(quota, heap, quota.overcommit_ceiling(heap))
+    }
+
+    /// Moves the account by `dh`: a credit always, a charge only if the total stays at
+    /// or under the ceiling. Atomics only (no lock, allocation or call out), so it may
+    /// run under the pool lock.
+    pub(crate) fn take(&self, dh: i64) -> bool {
+        self.asked.set(dh);
+        if dh <= 0 {
+            ACCOUNT.add(dh);
+            return true;
+        }
+        let (taken, native) = match ACCOUNT.try_add(dh, self.ceiling) {
+            Ok(native) => (true, native),
+            Err(native) => (false, native),
+        };
+        self.taken.set(taken);
+        self.native.set(native);
+        taken
+    }
+
+    /// After a charge was taken, with no lock held: asks for a background reclaim or a
+    /// purge as a grant does (`ask_for_room`).
+    pub(crate) fn granted(&self) {
+        if self.taken.get() {
+            ask_for_room(self.quota, self.native.get(), self.heap);
+        }
+    }
+
+    /// [`granted`](Room::granted) for a grant within the over-commit bound: counted as
+    /// an over-commit when it left the process past the limit.
+    pub(crate) fn overcommitted(&self) {
+        if self.taken.get() && self.quota.pressure(self.native.get(), self.heap) == Pressure::Hard {
             ledger::note_overcommit();
         }
-        ask_for_room(quota, native, heap);
+        self.granted();
     }
-    taken.is_ok()
+
+    /// The charge last asked for: the bytes of `held` a refused request was short of.
+    pub(crate) fn asked(&self) -> i64 {
+        self.asked.get()
+    }
+}
+
+/// What one try to charge a request did ([`try_admit_with`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Take {
+    Taken,
+    /// The account had no room: nothing changed.
+    Short,
+    /// The request is no longer the account's to admit (its scope's share refuses it,
+    /// or its scope ended): nothing changed, no reclaim.
+    Off,
 }
 
 /// After a grant: past the soft threshold (or the limit), asks for a background
@@ -102,26 +162,47 @@ pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool
 /// throttled the reclaims, if anything did) when `bytes` still do not fit, nothing
 /// counted or reported.
 pub(crate) fn try_admit(l: &Local, face: &Face, bytes: i64) -> Result<(), Option<Throttle>> {
+    try_admit_with(l, face, |room| if room.take(bytes) { Take::Taken } else { Take::Short })
+}
+
+/// [`try_admit`] of a request that `take` charges against the [`Room`] it is given:
+/// a scope's, whose change of `held` is computed, charged and applied in one step
+/// under the pool lock (`Pool::try_grant`), a new room for each try, so reclaims run
+/// between tries with no lock held. The small-request rule and a reclaim's need go
+/// by the charge the last try asked for.
+pub(crate) fn try_admit_with(
+    l: &Local,
+    face: &Face,
+    mut take: impl FnMut(&Room) -> Take,
+) -> Result<(), Option<Throttle>> {
     let quota = quota();
     let mut throttle = None;
     let mut round = 0;
     loop {
         let heap = heap_probe::outside();
-        let native = match ACCOUNT.try_add(bytes, quota.native_ceiling(heap)) {
-            Ok(native) => {
-                ask_for_room(quota, native, heap);
+        let room = Room::at(quota, heap, quota.native_ceiling(heap));
+        match take(&room) {
+            Take::Taken => {
+                room.granted();
                 return Ok(());
             }
-            Err(native) => native,
-        };
+            Take::Short => {}
+            Take::Off => break,
+        }
+        let (bytes, native) = (room.asked(), room.native.get());
         // A small request is never refused while the over-commit stays bounded: the
         // threads that make them (a JVM's, C++ code) die on a failed malloc. It never
         // waits for a reclaim either; it asks for one in the background. Counted as
         // an over-commit by the slow path, which sees the account past the limit.
         if (bytes as u64) < settings::refuse_min() {
-            if let Ok(native) = ACCOUNT.try_add(bytes, quota.overcommit_ceiling(heap)) {
-                ask_for_room(quota, native, heap);
-                return Ok(());
+            let room = Room::at(quota, heap, quota.overcommit_ceiling(heap));
+            match take(&room) {
+                Take::Taken => {
+                    room.granted();
+                    return Ok(());
+                }
+                Take::Short => {}
+                Take::Off => break,
             }
         }
         if round == MAX_SYNC_ROUNDS || !reclaim::has_reclaimer() {

@@ -3,7 +3,7 @@
 //! scope's admission, any other to the process budget's), and re-arms the thread:
 //! tight past the limit, loose under it.
 
-use crate::admission::{self, admit, admit_as, count_only, past_ceiling};
+use crate::admission::{self, admit, count_only, past_ceiling, Take};
 use crate::config::OnOom;
 use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::purge;
@@ -68,19 +68,20 @@ fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
             true
         }
         // A small request never waits for its scope's share and is never refused by
-        // it: charged to the scope, then admitted by the process budget like any
-        // small request (over-commit within its bound).
+        // it: admitted by the process budget like any small request (over-commit
+        // within its bound), its change of the scope's charge taken by the account in
+        // the same step as the scope's figures.
         scope if (bytes as u64) < settings::refuse_min() => {
-            let dh = tables::attribute(scope, bytes);
-            if dh <= 0 {
-                ACCOUNT.add(dh);
-                return true;
+            let admitted = admission::try_admit_with(l, face, |room| {
+                match tables::attribute_charged(scope, bytes, |dh| room.take(dh)) {
+                    true => Take::Taken,
+                    false => Take::Short,
+                }
+            });
+            match admitted {
+                Ok(()) => true,
+                Err(throttle) => admission::refuse(bytes, throttle, OnOom::Abort),
             }
-            if admit_as(l, face, dh, OnOom::Abort) {
-                return true;
-            }
-            ACCOUNT.add(tables::attribute(scope, -bytes) + dh);
-            false
         }
         scope => crate::scope::admit_attached(l, face, scope, bytes),
     }

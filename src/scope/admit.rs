@@ -3,11 +3,17 @@
 //!
 //! Runs with the calling thread busy-marked (inside `charge_slow`, or `reserve`
 //! marks it): spill callbacks and reclaims may allocate, charged and never policed.
-//! No lock is held across a callback, a wait, or the process admission.
+//! No lock is held across a callback, a wait, or a reclaim.
+//!
+//! A grant changes the scope's figures and charges the process account in one step,
+//! under the pool lock ([`Room::take`] inside `Pool::try_grant`): figures the account
+//! has not taken are never seen by another thread, so a free under the same budget or
+//! reservation is always credited against figures the account agrees with, and a
+//! refused request leaves no trace (no undo; no peak or borrowing it never had).
 
 use super::retry::{self, Verdict};
 use super::spill::{self, Cursor};
-use crate::admission;
+use crate::admission::{self, Room, Take};
 use crate::config::OnOom;
 use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::tables::pool::{Among, Ask, Decision, POOL};
@@ -70,13 +76,15 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
         // What a spill freed on this thread shows up here.
         ACCOUNT.add(ledger::settle(l, face));
         let seen = signal::generation();
-        let decision = POOL.lock().try_grant(handle, ask, false, !waited_out, among(l));
+        let room = Room::under_limit();
+        let decision = POOL.lock().try_grant(handle, ask, false, !waited_out, among(l), |dh| room.take(dh));
         let (gap, short) = match decision {
             Decision::Ended => return Outcome::Ended,
-            Decision::Granted { granted, dh } => match charge_process(handle, ask, granted, dh) {
-                true => return Outcome::Granted(granted),
-                false => (u64::try_from(dh).unwrap_or(0), Short::Process),
-            },
+            Decision::Granted { granted, .. } => {
+                room.granted();
+                return Outcome::Granted(granted);
+            }
+            Decision::Over { gap } => (gap, Short::Process),
             Decision::Wait { gap } if !waited_out => {
                 // Spark: a task below its minimum share waits for others to free,
                 // after its own consumers have spilled.
@@ -99,11 +107,11 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
         if partial {
             // Bound first: a guard in an `if let` scrutinee lives through the whole
             // body, and the body reaches the report, which takes the lock again.
-            let decision = POOL.lock().try_grant(handle, ask, true, false, among(l));
-            if let Decision::Granted { granted, dh } = decision {
-                if charge_process(handle, ask, granted, dh) {
-                    return Outcome::Granted(granted);
-                }
+            let room = Room::under_limit();
+            let decision = POOL.lock().try_grant(handle, ask, true, false, among(l), |dh| room.take(dh));
+            if let Decision::Granted { granted, .. } = decision {
+                room.granted();
+                return Outcome::Granted(granted);
             }
         }
         // A budget short of room waits for other budgets in flight to free (a lone
@@ -178,42 +186,18 @@ impl Drop for Borrowing {
 /// request is granted past the limit, within the over-commit bound, so one runner
 /// always makes progress (seed 001). Counted and reported as an over-commit.
 fn overcommit_lone_budget(handle: u64, ask: Ask) -> Option<u64> {
-    let dh = {
+    let room = Room::within_overcommit();
+    {
         let mut p = POOL.lock();
         if !p.lone_budget(handle) {
             return None;
         }
-        p.apply(handle, ask, ask.bytes(), 1)
-    };
-    if dh <= 0 || admission::fits_overcommitted(dh) {
-        let mut p = POOL.lock();
+        let dh = p.apply_charged(handle, ask, ask.bytes(), |dh| room.take(dh)).ok()?;
         p.totals.budget_overcommits += 1;
         p.totals.budget_overcommit_bytes += u64::try_from(dh).unwrap_or(0);
-        if dh <= 0 {
-            ACCOUNT.add(dh);
-        }
-        return Some(ask.bytes());
     }
-    let undo = POOL.lock().apply(handle, ask, ask.bytes(), -1);
-    ACCOUNT.add(dh + undo);
-    None
-}
-
-/// Adds a granted change to the process account if it fits under the limit; undoes
-/// the grant otherwise.
-fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
-    if dh <= 0 {
-        ACCOUNT.add(dh);
-        return true;
-    }
-    if admission::fits(dh) {
-        return true;
-    }
-    let undo = POOL.lock().apply(handle, ask, granted, -1);
-    // `dh` was never added; the undo's change is close to `-dh` but the scope may have
-    // moved meanwhile: the sum is what the account must see.
-    ACCOUNT.add(dh + undo);
-    false
+    room.overcommitted();
+    Some(ask.bytes())
 }
 
 /// The last step once spills are exhausted: the process budget's own admission (a
@@ -221,49 +205,46 @@ fn charge_process(handle: u64, ask: Ask, granted: u64, dh: i64) -> bool {
 /// refusal by the scope's share. With `may_block`, `Outcome::Short` instead of a
 /// refusal: nothing counted or reported.
 fn finish(l: &Local, face: &Face, handle: u64, ask: Ask, short: Short, may_block: bool) -> Outcome {
+    let mut requested = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
+    let mut throttle = None;
     if short == Short::Process {
-        // Bound first, as in `acquire`: the body reaches the report (the lock again).
-        let decision = POOL.lock().try_grant(handle, ask, false, false, among(l));
-        if let Decision::Granted { granted, dh } = decision {
-            if dh <= 0 {
-                ACCOUNT.add(dh);
-                return Outcome::Granted(granted);
-            }
-            set_refusing(handle);
-            if may_block {
-                retry::note_allocating(l);
-            }
-            let throttle = match admission::try_admit(l, face, dh) {
-                Ok(()) => {
-                    set_refusing(0);
-                    return Outcome::Granted(granted);
+        set_refusing(handle);
+        if may_block {
+            retry::note_allocating(l);
+        }
+        // Each try looks at the pool again and charges what the share grants in the
+        // same step; reclaims run between tries, with no lock held.
+        let rule = among(l);
+        let admitted = admission::try_admit_with(l, face, |room| {
+            let decision = POOL.lock().try_grant(handle, ask, false, false, rule, |dh| room.take(dh));
+            match decision {
+                Decision::Granted { .. } => Take::Taken,
+                Decision::Over { gap } => {
+                    requested = i64::try_from(gap).unwrap_or(i64::MAX);
+                    Take::Short
                 }
-                Err(throttle) => throttle,
-            };
-            let undo = POOL.lock().apply(handle, ask, granted, -1);
-            ACCOUNT.add(dh + undo);
-            if let Some(g) = overcommit_lone_budget(handle, ask) {
-                set_refusing(0);
-                return Outcome::Granted(g);
+                Decision::Ended | Decision::Wait { .. } | Decision::Short { .. } => Take::Off,
             }
-            if may_block {
+        });
+        match admitted {
+            Ok(()) => {
                 set_refusing(0);
-                return Outcome::Short;
+                return Outcome::Granted(ask.bytes()); // all or nothing: not partial
             }
-            POOL.lock().note_refusal(handle);
-            admission::refuse(dh, throttle, worst(ask));
-            return Outcome::Refused;
+            Err(t) => throttle = t,
         }
     }
     if let Some(g) = overcommit_lone_budget(handle, ask) {
+        set_refusing(0);
         return Outcome::Granted(g);
     }
     if may_block {
+        set_refusing(0);
         return Outcome::Short;
     }
     POOL.lock().note_refusal(handle);
     set_refusing(handle);
-    admission::refuse(i64::try_from(ask.bytes()).unwrap_or(i64::MAX), None, worst(ask));
+    admission::refuse(requested, throttle, worst(ask));
     Outcome::Refused
 }
 

@@ -35,6 +35,18 @@ pub(crate) fn attribute(handle: u64, d: i64) -> i64 {
     dh
 }
 
+/// Adds `d > 0` bytes a thread in scope `handle` (0: none) allocates, if `charge`
+/// takes the change the process account must see: the scope's figures and the account
+/// move in one step under the pool lock (`Pool::apply_charged`), or neither does.
+/// Whether it took.
+pub(crate) fn attribute_charged(handle: u64, d: i64, charge: impl FnOnce(i64) -> bool) -> bool {
+    if handle == 0 {
+        return charge(d);
+    }
+    let bytes = u64::try_from(d).unwrap_or(0);
+    POOL.lock().apply_charged(handle, pool::Ask::Alloc(bytes), bytes, charge).is_ok()
+}
+
 /// A thread left scope `handle` by exiting.
 pub(crate) fn thread_exited(handle: u64) {
     if handle != 0 {

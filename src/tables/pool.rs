@@ -7,7 +7,10 @@
 //! whenever `used >= 0`. Allocations first consume the scope's unused reservation;
 //! only past it do they raise `held`. The process account holds the unscoped bytes
 //! plus every scope's `held`, so a change of `held` is the change the process
-//! account must see, and this module returns it to the caller to add.
+//! account must see, and this module returns it to the caller to add. A request that
+//! must fit the account hands [`Pool::try_grant`] (or [`Pool::apply_charged`]) the
+//! charge to make, which runs under the lock: the figures change only if the account
+//! takes their change, and no free can be credited in between.
 
 use super::budget::{self, Entry, FIRST_INDEX, MAX_BUDGETS};
 use super::spin::SpinLock;
@@ -218,8 +221,12 @@ impl Ask {
 pub(crate) enum Decision {
     /// The scope has ended (or never was).
     Ended,
-    /// Applied: `granted` bytes, and `held` moved by `dh` (the process account's share).
+    /// Applied: `granted` bytes, and `held` moved by `dh` (the process account's share),
+    /// which the charge took.
     Granted { granted: u64, dh: i64 },
+    /// The share grants it, the process account does not: the charge refused `gap`
+    /// bytes of `held`, and nothing changed.
+    Over { gap: u64 },
     /// Below its minimum share and short: wait for memory to be freed (Spark's rule).
     Wait { gap: u64 },
     /// Short by `gap` bytes of charge.
@@ -668,9 +675,10 @@ impl Pool {
         }
     }
 
-    /// Looks at the pool for `ask` on `handle` and applies it if it fits; with
-    /// `partial`, a reservation may be granted less than asked. With `may_wait`, a
-    /// scope below its minimum share that comes up short is told to wait.
+    /// Looks at the pool for `ask` on `handle` and, if the share grants it, applies it
+    /// if `charge` takes the change of `held` ([`apply_charged`](Pool::apply_charged));
+    /// with `partial`, a reservation may be granted less than asked. With `may_wait`,
+    /// a scope below its minimum share that comes up short is told to wait.
     pub(crate) fn try_grant(
         &mut self,
         handle: u64,
@@ -678,13 +686,13 @@ impl Pool {
         partial: bool,
         may_wait: bool,
         among: Among,
+        charge: impl FnOnce(i64) -> bool,
     ) -> Decision {
         let share = self.share_for(handle, among);
         let Some(s) = self.scope(handle) else { return Decision::Ended };
         let (plain, reserved, held, cap) = (s.used.saturating_sub(s.in_budgets), s.reserved, s.held, s.cap);
-        let b = i64::try_from(ask.bytes()).unwrap_or(i64::MAX);
         let alloc = matches!(ask, Ask::Alloc(_));
-        let need = change(&mut { *s }, self.budget(handle).copied().as_mut(), alloc, b);
+        let need = self.cost(handle, ask, ask.bytes());
         let budget = self.is_budget(handle);
         let room = share.room(held, cap);
         let granted = if need <= room {
@@ -712,8 +720,43 @@ impl Pool {
         if granted == 0 && ask.bytes() > 0 {
             return Decision::Short { gap };
         }
-        let dh = self.apply(handle, ask, granted, 1);
-        Decision::Granted { granted, dh }
+        match self.apply_charged(handle, ask, granted, charge) {
+            Ok(dh) => Decision::Granted { granted, dh },
+            Err(dh) => Decision::Over { gap: u64::try_from(dh).unwrap_or(0) },
+        }
+    }
+
+    /// The change of `held` that applying `granted` bytes of `ask` would make (see
+    /// [`apply`](Pool::apply)), the tables untouched.
+    fn cost(&self, handle: u64, ask: Ask, granted: u64) -> i64 {
+        let g = i64::try_from(granted).unwrap_or(i64::MAX);
+        let alloc = matches!(ask, Ask::Alloc(_));
+        match self.scope(handle) {
+            Some(s) => change(&mut { *s }, self.budget(handle).copied().as_mut(), alloc, g),
+            None if alloc => g,
+            None => 0,
+        }
+    }
+
+    /// Applies `granted` bytes of `ask` if `charge` takes the change of `held` they
+    /// make, the process account's share: `Ok` with it, applied; `Err` with it,
+    /// refused, and the tables untouched (no peak, no borrowing, no consumer's peak).
+    /// `charge` runs under this lock: it may only move the process account (a
+    /// compare-and-swap), never allocate, wait or call out.
+    pub(crate) fn apply_charged(
+        &mut self,
+        handle: u64,
+        ask: Ask,
+        granted: u64,
+        charge: impl FnOnce(i64) -> bool,
+    ) -> Result<i64, i64> {
+        let dh = self.cost(handle, ask, granted);
+        if !charge(dh) {
+            return Err(dh);
+        }
+        let applied = self.apply(handle, ask, granted, 1);
+        debug_assert_eq!(applied, dh, "the cost is what applying it changes");
+        Ok(dh)
     }
 
     /// Applies (`sign` 1) or undoes (`sign` -1) `granted` bytes of `ask`. Returns the
@@ -827,6 +870,9 @@ impl Pool {
 mod tests {
     use super::*;
 
+    /// A charge the process account always takes.
+    const ANY: fn(i64) -> bool = |_| true;
+
     #[test]
     fn held_is_the_larger_of_used_and_reserved() {
         assert_eq!(Scope::held_for(10, 30), 30);
@@ -851,7 +897,10 @@ mod tests {
         p.set_pool_bytes(1000);
         let h = p.begin("t", 1, 0).unwrap();
         let r = Ask::Reserve { bytes: 300, consumer: 0 };
-        assert_eq!(p.try_grant(h, r, false, true, Among::Begun), Decision::Granted { granted: 300, dh: 300 });
+        assert_eq!(
+            p.try_grant(h, r, false, true, Among::Begun, ANY),
+            Decision::Granted { granted: 300, dh: 300 }
+        );
         assert_eq!(p.attribute(h, 200), 0, "inside the reservation: no new charge");
         assert_eq!(p.attribute(h, 150), 50);
         assert_eq!(p.apply(h, r, 300, -1), 0, "allocations exceed it: releasing costs nothing");
@@ -868,11 +917,14 @@ mod tests {
         assert_eq!(p.task_of(b), h);
         let grant = Ask::Reserve { bytes: 100, consumer: 0 };
         assert_eq!(
-            p.try_grant(b, grant, false, true, Among::Begun),
+            p.try_grant(b, grant, false, true, Among::Begun, ANY),
             Decision::Granted { granted: 100, dh: 100 }
         );
         let r = Ask::Reserve { bytes: 50, consumer: 0 };
-        assert_eq!(p.try_grant(h, r, false, true, Among::Begun), Decision::Granted { granted: 50, dh: 50 });
+        assert_eq!(
+            p.try_grant(h, r, false, true, Among::Begun, ANY),
+            Decision::Granted { granted: 50, dh: 50 }
+        );
         assert_eq!(p.attribute(b, 80), 0, "the budget's use draws on its grant, not the reservation");
         assert_eq!(p.attribute(h, 30), 0, "the scope's own use draws on the reservation");
         assert_eq!(p.attribute(b, 40), 20, "past its grant the budget borrows");
@@ -897,7 +949,7 @@ mod tests {
         let h = p.begin("t", 1, 0).unwrap();
         let b = p.begin_budget(h).unwrap();
         let grant = Ask::Reserve { bytes: 100, consumer: 0 };
-        assert!(matches!(p.try_grant(b, grant, false, true, Among::Begun), Decision::Granted { .. }));
+        assert!(matches!(p.try_grant(b, grant, false, true, Among::Begun, ANY), Decision::Granted { .. }));
         assert_eq!(p.attribute(b, 30), 0);
         assert!(p.end(b).is_none(), "a budget's key ends no scope");
         assert!(p.lone_budget(b));
@@ -908,22 +960,58 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_charge_leaves_no_trace() {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let h = p.begin("t", 1, 0).unwrap();
+        let b = p.begin_budget(h).unwrap();
+        let c = p.add_consumer(h, "c").unwrap();
+        let grant = Ask::Reserve { bytes: 100, consumer: 0 };
+        assert!(matches!(p.try_grant(b, grant, false, true, Among::Begun, ANY), Decision::Granted { .. }));
+        let figures = |p: &Pool| {
+            let (s, e, k) = (p.scope(h).unwrap(), p.budget(b).unwrap(), p.consumer(c).unwrap());
+            (s.held, s.peak, s.used, s.reserved, e.used, e.peak, e.borrowed, k.used, k.peak, p.held_sum)
+        };
+        let before = figures(&p);
+        let mut asked = 0;
+        let refuse = |dh| {
+            asked = dh;
+            false
+        };
+        let past_the_grant = p.try_grant(b, Ask::Alloc(300), false, true, Among::Begun, refuse);
+        assert_eq!(
+            (past_the_grant, asked),
+            (Decision::Over { gap: 200 }, 200),
+            "asked for what passes the grant"
+        );
+        let reserve = Ask::Reserve { bytes: 50, consumer: c };
+        assert_eq!(p.try_grant(h, reserve, false, true, Among::Begun, |_| false), Decision::Over { gap: 50 });
+        assert_eq!(p.apply_charged(b, Ask::Alloc(150), 150, |_| false), Err(50));
+        assert_eq!(figures(&p), before, "no peak, no borrowing, no consumer's peak");
+        assert_eq!(p.apply_charged(b, Ask::Alloc(150), 150, ANY), Ok(50), "taken: applied");
+        assert_eq!(p.budget_figures(b), Some((100, 150, 50)));
+    }
+
+    #[test]
     fn partial_grants_and_waits() {
         let mut p = Pool::new();
         p.set_pool_bytes(1000);
         let a = p.begin("a", 1, 0).unwrap();
         let b = p.begin("b", 2, 0).unwrap();
         let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
-        assert!(matches!(p.try_grant(a, ask(700), false, true, Among::Begun), Decision::Short { gap: 200 }));
+        assert!(matches!(
+            p.try_grant(a, ask(700), false, true, Among::Begun, ANY),
+            Decision::Short { gap: 200 }
+        ));
         assert_eq!(
-            p.try_grant(a, ask(700), true, true, Among::Begun),
+            p.try_grant(a, ask(700), true, true, Among::Begun, ANY),
             Decision::Granted { granted: 500, dh: 500 }
         );
         assert_eq!(p.attribute(a, 800), 300, "allocations past the share are charged anyway");
         // b holds nothing, below 1/2N = 250, and only 200 are free: it waits
-        assert_eq!(p.try_grant(b, ask(600), true, true, Among::Begun), Decision::Wait { gap: 400 });
+        assert_eq!(p.try_grant(b, ask(600), true, true, Among::Begun, ANY), Decision::Wait { gap: 400 });
         assert_eq!(
-            p.try_grant(b, ask(200), false, true, Among::Begun),
+            p.try_grant(b, ask(200), false, true, Among::Begun, ANY),
             Decision::Granted { granted: 200, dh: 200 }
         );
     }
@@ -936,8 +1024,8 @@ mod tests {
         let b = p.begin("b", 2, 0).unwrap();
         let ask = |bytes| Ask::Reserve { bytes, consumer: 0 };
         // b has begun but not started: it narrows the fair share, not a retry block's.
-        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Begun), Decision::Short { .. }));
-        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Busy), Decision::Granted { .. }));
+        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Begun, ANY), Decision::Short { .. }));
+        assert!(matches!(p.try_grant(a, ask(600), false, false, Among::Busy, ANY), Decision::Granted { .. }));
         // Once b has a thread attached, it counts for both.
         assert!(p.attach(b));
         assert_eq!(p.share_among(Among::Busy).active, 2);
