@@ -88,11 +88,6 @@ impl Room {
         }
         self.granted();
     }
-
-    /// The charge last asked for: the bytes of `held` a refused request was short of.
-    pub(crate) fn asked(&self) -> i64 {
-        self.asked.get()
-    }
 }
 
 /// What one try to charge a request did ([`try_admit_with`]).
@@ -189,7 +184,7 @@ pub(crate) fn try_admit_with(
             Take::Short => {}
             Take::Off => break,
         }
-        let (bytes, native) = (room.asked(), room.native.get());
+        let (bytes, native) = (room.asked.get(), room.native.get());
         // A small request is never refused while the over-commit stays bounded: the
         // threads that make them (a JVM's, C++ code) die on a failed malloc. It never
         // waits for a reclaim either; it asks for one in the background. Counted as

@@ -1,8 +1,9 @@
 //! A spin lock for the scope tables. The allocation path takes it (a flush of an
 //! attached thread's delta), so it must never allocate, never park through a
 //! library that may allocate on first use, and be releasable in a `fork` child. Every
-//! critical section under it is a few loads, stores and compares, or a copy into a
-//! fixed buffer: nothing in it allocates, frees or calls foreign code.
+//! critical section under it is a few loads, stores and compares (a grant's
+//! compare-and-swap on the process account among them), or a copy into a fixed
+//! buffer: nothing in it allocates, frees or calls foreign code.
 //!
 //! Taking it twice on one thread would spin forever (a guard kept alive across a call
 //! that reaches the report, which reads the tables): the lock knows its holder, and a
