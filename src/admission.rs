@@ -80,6 +80,15 @@ impl Room {
         }
     }
 
+    /// One try of `take` against this room, and a grant's requests if it took.
+    fn try_with(&self, take: &mut impl FnMut(&Room) -> Take) -> Take {
+        let taken = take(self);
+        if taken == Take::Taken {
+            self.granted();
+        }
+        taken
+    }
+
     /// [`granted`](Room::granted) for a grant within the over-commit bound: counted as
     /// an over-commit when it left the process past the limit.
     pub(crate) fn overcommitted(&self) {
@@ -176,11 +185,8 @@ pub(crate) fn try_admit_with(
     loop {
         let heap = heap_probe::outside();
         let room = Room::at(quota, heap, quota.native_ceiling(heap));
-        match take(&room) {
-            Take::Taken => {
-                room.granted();
-                return Ok(());
-            }
+        match room.try_with(&mut take) {
+            Take::Taken => return Ok(()),
             Take::Short => {}
             Take::Off => break,
         }
@@ -190,12 +196,8 @@ pub(crate) fn try_admit_with(
         // waits for a reclaim either; it asks for one in the background. Counted as
         // an over-commit by the slow path, which sees the account past the limit.
         if (bytes as u64) < settings::refuse_min() {
-            let room = Room::at(quota, heap, quota.overcommit_ceiling(heap));
-            match take(&room) {
-                Take::Taken => {
-                    room.granted();
-                    return Ok(());
-                }
+            match Room::at(quota, heap, quota.overcommit_ceiling(heap)).try_with(&mut take) {
+                Take::Taken => return Ok(()),
                 Take::Short => {}
                 Take::Off => break,
             }

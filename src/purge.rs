@@ -20,8 +20,8 @@
 //!   a whole purge interval (`MEMQUOTA_PURGE_INTERVAL`). Its view: native + counted
 //!   heap + the resident bytes the budget does not count: the process's anonymous
 //!   RSS past those two (dirty pages, jemalloc's metadata, and untracked memory even
-//!   under `MEMQUOTA_UNTRACKED=report`: resident whether counted or not). A grant on the slow path that finds the last measurement past
-//!   the limit wakes it at once.
+//!   under `MEMQUOTA_UNTRACKED=report`: resident whether counted or not). A grant on
+//!   the slow path that finds the last measurement past the limit wakes it at once.
 //! * A user's own decay or background-thread options win (`MALLOC_CONF`,
 //!   `_RJEM_MALLOC_CONF`, a compiled-in `malloc_conf`, or a value set at run time
 //!   before memquota looked): jemalloc's decay is left as they set it and there is no
@@ -135,11 +135,15 @@ fn uncounted(je: &JemallocStats, native: i64, outside: i64) -> u64 {
     je.unused().saturating_add(untracked)
 }
 
-/// Whether native + outside + `uncounted` resident bytes are past `line` (the limit
-/// or the soft threshold of `quota`; no line without a limit).
+/// The service's view of the process: native + outside + `uncounted` resident bytes.
+fn resident(native: i64, outside: i64, uncounted: u64) -> i64 {
+    native.saturating_add(outside).saturating_add(i64::try_from(uncounted).unwrap_or(i64::MAX))
+}
+
+/// Whether the [`resident`] view is past `line` (the limit or the soft threshold of
+/// `quota`; no line without a limit).
 fn past(quota: Quota, line: i64, native: i64, outside: i64, uncounted: u64) -> bool {
-    let uncounted = i64::try_from(uncounted).unwrap_or(i64::MAX);
-    quota.limit != i64::MAX && native.saturating_add(outside).saturating_add(uncounted) > line
+    quota.limit != i64::MAX && resident(native, outside, uncounted) > line
 }
 
 /// What one pass of the service saw.
@@ -158,14 +162,9 @@ struct Seen {
 }
 
 impl Seen {
-    /// How far native + outside + uncounted bytes stand past the limit.
+    /// How far the [`resident`] view stands past the limit.
     fn excess(&self) -> u64 {
-        let uncounted = i64::try_from(self.uncounted).unwrap_or(i64::MAX);
-        let over = self
-            .native
-            .saturating_add(self.outside)
-            .saturating_add(uncounted)
-            .saturating_sub(self.quota.limit);
+        let over = resident(self.native, self.outside, self.uncounted).saturating_sub(self.quota.limit);
         u64::try_from(over).unwrap_or(0)
     }
 }
@@ -272,7 +271,8 @@ fn purge(kind: Kind, before: &JemallocStats, want: Option<u64>) -> JemallocStats
             // The fullest, again while less than `want` went (the statistics are
             // read anew after each purge, so a purged arena reads empty).
             while got < want {
-                let Some((arena, bytes)) = fullest(dirty_by_arena) else { break };
+                let arenas = ctl::<u32>(c"arenas.narenas").unwrap_or(0);
+                let Some((arena, bytes)) = fullest(arenas, dirty_by_arena) else { break };
                 let _ = by_index(c"arena.0.purge", 1, arena, |mib| ctl_by_mib(mib, &mut ()));
                 got = got.saturating_add(bytes);
                 let _ = tikv_jemalloc_ctl::epoch::advance();
@@ -328,11 +328,10 @@ fn dirty_by_arena(arena: u32) -> Option<u64> {
     Some((pages as u64).saturating_mul(crate::stats::page_size()))
 }
 
-/// The arena with the most dirty bytes, and how many, among `arenas.narenas`, as
+/// The arena with the most dirty bytes, and how many, among the first `arenas`, as
 /// `dirty` reads them; `None` if none has any. Purging the fullest first, as few
-/// pages leave as it takes and the others stay for reuse.
-fn fullest(dirty: impl Fn(u32) -> Option<u64>) -> Option<(u32, u64)> {
-    let arenas = ctl::<u32>(c"arenas.narenas").unwrap_or(0);
+/// pages leave as it takes and the others stay for reuse. Pure.
+fn fullest(arenas: u32, dirty: impl Fn(u32) -> Option<u64>) -> Option<(u32, u64)> {
     (0..arenas)
         .filter_map(|i| Some((i, dirty(i)?)))
         .filter(|&(_, bytes)| bytes > 0)
@@ -529,12 +528,10 @@ mod tests {
     #[test]
     fn past_the_limit_the_fullest_arena_goes_first() {
         let dirty = [Some(10 * MIB), Some(40 * MIB), Some(0), None, Some(25 * MIB)];
-        let narenas = ctl::<u32>(c"arenas.narenas").unwrap();
-        assert!(narenas as usize >= dirty.len(), "jemalloc has {narenas} arenas");
         let read = |i: u32| dirty.get(i as usize).copied().flatten();
-        assert_eq!(fullest(read), Some((1, 40 * MIB)));
-        assert_eq!(fullest(|_| Some(0)), None, "never an arena with nothing dirty");
-        assert_eq!(fullest(|_| None), None);
+        assert_eq!(fullest(5, read), Some((1, 40 * MIB)));
+        assert_eq!(fullest(5, |_| Some(0)), None, "never an arena with nothing dirty");
+        assert_eq!(fullest(5, |_| None), None);
         // The excess counts native, the heap and the uncounted bytes over the limit.
         let s = Seen { native: 1000 << 20, outside: 20 << 20, uncounted: 30 << 20, ..seen() };
         assert_eq!(s.excess(), 26 * MIB);
