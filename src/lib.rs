@@ -101,6 +101,7 @@ pub mod face {
         charge_or_miss, enter, spawn_service, thread_exit, try_charge, try_credit, undo_charge, Busy, Face,
         LazyFrees, Local,
     };
+    pub use crate::purge::added_jemalloc_options;
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_container, write_untracked_note};
     pub use crate::scope::{

@@ -42,40 +42,66 @@ static ASKED: AtomicBool = AtomicBool::new(false);
 /// Both variables did not fit in [`JOINED`]: jemalloc got `_RJEM_MALLOC_CONF` alone.
 static TOO_LONG: AtomicBool = AtomicBool::new(false);
 
-/// Writes `first,second` and a NUL into `buf`; false (nothing written) if it does not fit.
-fn join_into(buf: &mut [u8], first: &[u8], second: &[u8]) -> bool {
-    let len = first.len() + 1 + second.len();
-    if len >= buf.len() {
-        return false;
+/// Writes the pieces joined by commas and a NUL into `buf`; false (nothing usable
+/// written) if they do not fit.
+fn join_into(buf: &mut [u8], pieces: &[&[u8]]) -> bool {
+    let mut len = 0;
+    for (i, piece) in pieces.iter().enumerate() {
+        let comma = usize::from(i > 0);
+        if len + comma + piece.len() >= buf.len() {
+            return false;
+        }
+        if comma == 1 {
+            buf[len] = b',';
+        }
+        buf[len + comma..len + comma + piece.len()].copy_from_slice(piece);
+        len += comma + piece.len();
     }
-    buf[..first.len()].copy_from_slice(first);
-    buf[first.len()] = b',';
-    buf[first.len() + 1..len].copy_from_slice(second);
     buf[len] = 0;
     true
 }
 
-/// What jemalloc is given for its variable: `plain` (`MALLOC_CONF`) and `prefixed`
-/// (`_RJEM_MALLOC_CONF`, what it would have got), either of them null when unset.
+/// What jemalloc is given for its variable: memquota's own option if neither string
+/// chooses how jemalloc purges ([`face::added_jemalloc_options`]), then `plain`
+/// (`MALLOC_CONF`), then `prefixed` (`_RJEM_MALLOC_CONF`, what it would have got),
+/// either of them null when unset. Allocates nothing: jemalloc is starting.
 ///
 /// # Safety
 /// `plain` and `prefixed` are null or NUL-terminated strings that live as long as the
 /// process's environment. Called once (the caller holds `ASKED`).
 unsafe fn options_for_jemalloc(plain: *const c_char, prefixed: *mut c_char) -> *mut c_char {
-    // SAFETY: null or a NUL-terminated string (this function's contract).
-    let Some(plain) = (unsafe { as_cstr(plain) }).filter(|s| !s.is_empty()) else { return prefixed };
-    // SAFETY: as for `plain`.
-    let Some(second) = (unsafe { as_cstr(prefixed) }).filter(|s| !s.is_empty()) else {
-        return plain.as_ptr().cast_mut();
+    let set = |p: *const c_char| {
+        // SAFETY: null or a NUL-terminated string (this function's contract).
+        unsafe { as_cstr(p) }.filter(|s| !s.is_empty()).map(CStr::to_bytes)
     };
+    let (first, second) = (set(plain), set(prefixed.cast_const()));
+    let ours = face::added_jemalloc_options(&[text(first), text(second)]);
+    let mut pieces: [&[u8]; 3] = [b""; 3];
+    let mut n = 0;
+    for piece in [ours.map(str::as_bytes), first, second].into_iter().flatten() {
+        pieces[n] = piece;
+        n += 1;
+    }
+    if n == 0 {
+        return prefixed;
+    }
+    if ours.is_none() && n == 1 {
+        return if first.is_some() { plain.cast_mut() } else { prefixed };
+    }
     // SAFETY: the one write to JOINED (see its Sync impl): the caller set ASKED.
     let buf = unsafe { &mut *JOINED.0.get() };
-    if join_into(buf, plain.to_bytes(), second.to_bytes()) {
+    if join_into(buf, &pieces[..n]) {
         buf.as_mut_ptr().cast()
     } else {
         TOO_LONG.store(true, Relaxed);
         prefixed
     }
+}
+
+/// A set variable's options as text; a string that is not UTF-8 is one jemalloc
+/// rejects, so it chooses nothing.
+fn text(options: Option<&[u8]>) -> &str {
+    std::str::from_utf8(options.unwrap_or_default()).unwrap_or_default()
 }
 
 /// # Safety
@@ -207,24 +233,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn joins_with_a_comma_and_a_nul_or_not_at_all() {
+    fn joins_with_commas_and_a_nul_or_not_at_all() {
         let mut buf = [0xffu8; 16];
-        assert!(!join_into(&mut buf, b"narenas:1", b"tcache:false"), "22 bytes do not fit in 16");
-        assert!(join_into(&mut buf, b"a:1", b"b:2"));
+        assert!(!join_into(&mut buf, &[b"narenas:1", b"tcache:false"]), "22 bytes do not fit in 16");
+        assert!(join_into(&mut buf, &[b"a:1", b"b:2"]));
         assert_eq!(&buf[..8], b"a:1,b:2\0");
+        assert!(join_into(&mut buf, &[b"a:1", b"b:2", b"c:3"]));
+        assert_eq!(&buf[..12], b"a:1,b:2,c:3\0");
         let mut exact = [0u8; 8];
-        assert!(join_into(&mut exact, b"a:1", b"b:2"), "7 bytes and the NUL fit in 8");
-        assert!(!join_into(&mut exact, b"a:1", b"b:22"));
+        assert!(join_into(&mut exact, &[b"a:1", b"b:2"]), "7 bytes and the NUL fit in 8");
+        assert!(!join_into(&mut exact, &[b"a:1", b"b:22"]));
     }
 
     #[test]
-    fn jemalloc_gets_both_variables_the_prefixed_one_last() {
+    fn jemalloc_gets_memquotas_option_then_both_variables_the_prefixed_one_last() {
         let plain = c"dirty_decay_ms:0,narenas:2";
         let prefixed = c"dirty_decay_ms:5000".to_owned().into_raw();
+        let neutral = c"tcache:false".to_owned().into_raw();
         let null = std::ptr::null_mut();
         let join = |a: *const c_char, b: *mut c_char| {
-            // SAFETY: null or NUL-terminated strings that outlive the test; only the call
-            // with both set writes JOINED, once, and no other test calls this.
+            // SAFETY: null or NUL-terminated strings that outlive the test; no other test
+            // calls this, and each result is read before the next call writes JOINED.
             unsafe { options_for_jemalloc(a, b) }
         };
         let got = |p: *mut c_char| {
@@ -232,14 +261,22 @@ mod tests {
             // NUL-terminated and alive for this test.
             unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned()
         };
+        let ours = face::added_jemalloc_options(&[]).unwrap();
+        // A user who chose how jemalloc purges gets exactly their options.
         assert_eq!(join(null, prefixed), prefixed, "unchanged");
         assert_eq!(join(c"".as_ptr(), prefixed), prefixed, "empty is unset");
-        assert!(join(null, null).is_null());
         assert_eq!(got(join(plain.as_ptr(), null)), "dirty_decay_ms:0,narenas:2");
         assert_eq!(got(join(plain.as_ptr(), prefixed)), "dirty_decay_ms:0,narenas:2,dirty_decay_ms:5000");
+        assert_eq!(got(join(c"narenas:2".as_ptr(), prefixed)), "narenas:2,dirty_decay_ms:5000");
+        // Otherwise memquota's option comes first, so that the user's win.
+        assert_eq!(got(join(null, null)), ours);
+        assert_eq!(got(join(c"".as_ptr(), neutral)), format!("{ours},tcache:false"));
+        assert_eq!(got(join(c"narenas:2".as_ptr(), neutral)), format!("{ours},narenas:2,tcache:false"));
         assert!(!TOO_LONG.load(Relaxed));
         // SAFETY: from into_raw above, not used after.
         drop(unsafe { std::ffi::CString::from_raw(prefixed) });
+        // SAFETY: as above.
+        drop(unsafe { std::ffi::CString::from_raw(neutral) });
     }
 
     #[test]

@@ -697,9 +697,11 @@ fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
     // The defaults, then dirty_decay_ms:0 by MALLOC_CONF: read back from memquota's
     // jemalloc (its statistics see the program's malloc), and freed pages are purged
     // at once instead of kept. By default memquota runs the purging (no decay: its
-    // purge service purges, src/purge.rs), settled before the program's main.
+    // purge service purges, src/purge.rs), settled before the program's main, and
+    // blocks from 1 MiB on share one arena; a user's own decay keeps jemalloc's 8 MiB.
     let (defaults, _) = conf_under(&[]);
     for line in [
+        "opt.oversize_threshold 1048576",
         "opt.dirty_decay_ms 10000",
         "arenas.dirty_decay_ms -1",
         "stats.allocated sees malloc 1",
@@ -713,6 +715,7 @@ fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
     let set = [("MALLOC_CONF", "dirty_decay_ms:0")];
     let (stdout, stderr) = conf_under(&set);
     for line in [
+        "opt.oversize_threshold 8388608",
         "opt.dirty_decay_ms 0",
         "arenas.dirty_decay_ms 0",
         "stats.allocated sees malloc 1",
@@ -726,6 +729,22 @@ fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
     // The prefixed variable still works, and wins an option both set.
     let (stdout, _) = conf_under(&[("_RJEM_MALLOC_CONF", "dirty_decay_ms:0")]);
     assert!(stdout.contains("opt.dirty_decay_ms 0"), "{stdout}");
+    // A threshold of the user's own wins over memquota's, alone or with other options.
+    for (var, value) in [
+        ("MALLOC_CONF", "oversize_threshold:2097152"),
+        ("_RJEM_MALLOC_CONF", "narenas:2,oversize_threshold:2097152"),
+    ] {
+        let (stdout, _) = conf_under(&[(var, value)]);
+        assert!(
+            stdout.contains("opt.oversize_threshold 2097152") && stdout.contains("arenas.dirty_decay_ms -1"),
+            "{stdout}"
+        );
+    }
+    let (stdout, _) = conf_under(&[("MALLOC_CONF", "narenas:2")]);
+    assert!(
+        stdout.contains("opt.oversize_threshold 1048576") && stdout.contains("opt.narenas 2"),
+        "{stdout}"
+    );
     let (stdout, _) = conf_under(&[
         ("MALLOC_CONF", "muzzy_decay_ms:1000,dirty_decay_ms:0"),
         ("_RJEM_MALLOC_CONF", "dirty_decay_ms:5000"),

@@ -49,6 +49,12 @@ static size_t ctl_size(const char *name) {
     CHECK(mallctl(name, &v, &len, NULL, 0) == 0);
     return v;
 }
+static unsigned ctl_unsigned(const char *name) {
+    unsigned v = 0;
+    size_t len = sizeof v;
+    CHECK(mallctl(name, &v, &len, NULL, 0) == 0);
+    return v;
+}
 static ssize_t ctl_ssize(const char *name) {
     ssize_t v = 0;
     size_t len = sizeof v;
@@ -327,9 +333,12 @@ static void oom(void) {
 }
 
 /* What MALLOC_CONF set, read back through mallctl, and what it does: 32 MiB freed
- * in 1 MiB blocks (under the 8 MiB "oversize" threshold, which has its own arena)
- * stay dirty under decay, or are purged at once with dirty_decay_ms:0. */
+ * in 1 MiB blocks stay dirty under decay, or are purged at once with
+ * dirty_decay_ms:0. (Blocks from the "oversize" threshold on share one arena: 8 MiB
+ * by jemalloc's default, 1 MiB by memquota's when it runs the purging.) */
 static void conf(void) {
+    printf("opt.oversize_threshold %zu\n", ctl_size("opt.oversize_threshold"));
+    printf("opt.narenas %u\n", ctl_unsigned("opt.narenas"));
     printf("opt.dirty_decay_ms %zd\n", ctl_ssize("opt.dirty_decay_ms"));
     printf("opt.muzzy_decay_ms %zd\n", ctl_ssize("opt.muzzy_decay_ms"));
     printf("arenas.dirty_decay_ms %zd\n", ctl_ssize("arenas.dirty_decay_ms"));
