@@ -3,7 +3,9 @@
 //!
 //! * under a tight budget, resident memory follows allocated memory: the freed pages
 //!   of a large working set do not stay resident next to a new one that fills the
-//!   budget;
+//!   budget; also with blocks of 1 MiB and more in jemalloc's one shared arena, as
+//!   the preload starts jemalloc (`purge::added_jemalloc_options`): its freed blocks
+//!   stay dirty far from the limit, and go past it;
 //! * far from the limit, no page is purged on an allocating thread (jemalloc's own
 //!   count of purged pages, against the purge service's);
 //! * a user's own jemalloc decay option wins (and then jemalloc purges inline, which
@@ -27,6 +29,11 @@ fn main() {
     support::run_isolated_with_env(
         &[
             ("resident_follows_allocated_under_a_tight_budget", resident_follows_allocated, &[]),
+            (
+                "resident_follows_allocated_with_large_blocks_in_one_shared_arena",
+                resident_follows_allocated_in_one_arena,
+                &[("_RJEM_MALLOC_CONF", "oversize_threshold:1048576")],
+            ),
             ("far_from_the_limit_nothing_purges_inline", far_from_the_limit_nothing_purges_inline, &[]),
             (
                 "a_users_own_decay_wins_and_purges_inline",
@@ -60,18 +67,27 @@ fn working_set(bytes: u64) -> Vec<Vec<u8>> {
     (0..bytes / MIB).map(|_| vec![1u8; MIB as usize]).collect()
 }
 
+/// [`resident_follows_allocated`] with the working set's 1 MiB blocks in jemalloc's
+/// huge arena, which jemalloc would purge at once under a decay of its own.
+fn resident_follows_allocated_in_one_arena() {
+    // SAFETY: `opt.oversize_threshold` is a size_t.
+    let threshold = unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"opt.oversize_threshold\0") }.unwrap();
+    assert_eq!(threshold, MIB as usize, "_RJEM_MALLOC_CONF reached jemalloc");
+    resident_follows_allocated();
+}
+
 fn resident_follows_allocated() {
     const LIMIT: u64 = 256 * MIB;
     memquota::init(Config::new().limit(LIMIT)).unwrap();
     assert_eq!(arenas_dirty_decay_ms(), -1, "far from the limit jemalloc does not purge by time");
     let baseline = memquota::face::process_rss();
     // A working set of 200 MiB, freed: its pages stay resident, dirty (no purge by
-    // time), in this thread's arena.
+    // time), in this thread's arena (or the huge arena).
     drop(working_set(200 * MIB));
     let dirty = memquota::stats().jemalloc.dirty;
     assert!(dirty >= 150 * MIB, "the freed working set is dirty: {}", Size(dirty));
-    // Another thread (another arena: the pages above are not reused) allocates up to
-    // the limit, writing every page, until it is refused.
+    // Another thread (another arena, and blocks under 1 MiB: the pages above are not
+    // reused) allocates up to the limit, writing every page, until it is refused.
     let filled = std::thread::spawn(|| {
         let mut blocks: Vec<Vec<u8>> = Vec::with_capacity(8192);
         loop {
