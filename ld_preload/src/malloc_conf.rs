@@ -31,9 +31,9 @@ const CAPACITY: usize = 4096;
 /// The joined options jemalloc is handed when both variables are set.
 struct Joined(UnsafeCell<[u8; CAPACITY]>);
 
-// SAFETY: written once, by the one caller that set `ASKED` (jemalloc starting, under
+// SAFETY: written only by the one caller that set `ASKED` (jemalloc starting, under
 // its initialisation lock), before the pointer is handed to jemalloc; never written
-// again, and read only through that pointer.
+// after, and read only through that pointer.
 unsafe impl Sync for Joined {}
 
 static JOINED: Joined = Joined(UnsafeCell::new([0; CAPACITY]));
@@ -75,26 +75,31 @@ unsafe fn options_for_jemalloc(plain: *const c_char, prefixed: *mut c_char) -> *
         unsafe { as_cstr(p) }.filter(|s| !s.is_empty()).map(CStr::to_bytes)
     };
     let (first, second) = (set(plain), set(prefixed.cast_const()));
-    let ours = face::added_jemalloc_options(&[text(first), text(second)]);
-    let mut pieces: [&[u8]; 3] = [b""; 3];
-    let mut n = 0;
-    for piece in [ours.map(str::as_bytes), first, second].into_iter().flatten() {
-        pieces[n] = piece;
-        n += 1;
-    }
-    if n == 0 {
-        return prefixed;
-    }
-    if ours.is_none() && n == 1 {
-        return if first.is_some() { plain.cast_mut() } else { prefixed };
-    }
-    // SAFETY: the one write to JOINED (see its Sync impl): the caller set ASKED.
+    // SAFETY: JOINED is written only here (see its Sync impl): the caller set ASKED.
     let buf = unsafe { &mut *JOINED.0.get() };
-    if join_into(buf, &pieces[..n]) {
-        buf.as_mut_ptr().cast()
-    } else {
-        TOO_LONG.store(true, Relaxed);
-        prefixed
+    if let Some(ours) = face::added_jemalloc_options(&[text(first), text(second)]) {
+        let mut pieces: [&[u8]; 3] = [ours.as_bytes(), b"", b""];
+        let mut n = 1;
+        for piece in [first, second].into_iter().flatten() {
+            pieces[n] = piece;
+            n += 1;
+        }
+        if join_into(buf, &pieces[..n]) {
+            return buf.as_mut_ptr().cast();
+        }
+        // Too long with memquota's option: the user's options alone, as below.
+    }
+    match (first, second) {
+        (Some(first), Some(second)) => {
+            if join_into(buf, &[first, second]) {
+                buf.as_mut_ptr().cast()
+            } else {
+                TOO_LONG.store(true, Relaxed);
+                prefixed
+            }
+        }
+        (Some(_), None) => plain.cast_mut(),
+        (None, _) => prefixed,
     }
 }
 
@@ -272,6 +277,10 @@ mod tests {
         assert_eq!(got(join(null, null)), ours);
         assert_eq!(got(join(c"".as_ptr(), neutral)), format!("{ours},tcache:false"));
         assert_eq!(got(join(c"narenas:2".as_ptr(), neutral)), format!("{ours},narenas:2,tcache:false"));
+        assert!(!TOO_LONG.load(Relaxed));
+        // When memquota's option does not fit beside them, the user's alone.
+        let long = std::ffi::CString::new(format!("narenas:{}", "1".repeat(CAPACITY - 12))).unwrap();
+        assert_eq!(join(long.as_ptr(), null), long.as_ptr().cast_mut(), "MALLOC_CONF alone fits");
         assert!(!TOO_LONG.load(Relaxed));
         // SAFETY: from into_raw above, not used after.
         drop(unsafe { std::ffi::CString::from_raw(prefixed) });
