@@ -110,6 +110,17 @@ pub(crate) enum Take {
     Off,
 }
 
+impl Take {
+    /// A plain charge's try: taken, or short of room.
+    pub(crate) fn of(taken: bool) -> Take {
+        if taken {
+            Take::Taken
+        } else {
+            Take::Short
+        }
+    }
+}
+
 /// After a grant: past the soft threshold (or the limit), asks for a background
 /// reclaim of the excess over the soft threshold; and for a purge when jemalloc's
 /// unused resident pages would take the process past it (`purge.rs`). The one place
@@ -166,7 +177,7 @@ pub(crate) fn admit_as(l: &Local, face: &Face, bytes: i64, worst: OnOom) -> bool
 /// throttled the reclaims, if anything did) when `bytes` still do not fit, nothing
 /// counted or reported.
 pub(crate) fn try_admit(l: &Local, face: &Face, bytes: i64) -> Result<(), Option<Throttle>> {
-    try_admit_with(l, face, |room| if room.take(bytes) { Take::Taken } else { Take::Short })
+    try_admit_with(l, face, |room| Take::of(room.take(bytes)))
 }
 
 /// [`try_admit`] of a request that `take` charges against the [`Room`] it is given:

@@ -73,10 +73,7 @@ fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
         // the same step as the scope's figures.
         scope if (bytes as u64) < settings::refuse_min() => {
             let admitted = admission::try_admit_with(l, face, |room| {
-                match tables::attribute_charged(scope, bytes, |dh| room.take(dh)) {
-                    true => Take::Taken,
-                    false => Take::Short,
-                }
+                Take::of(tables::attribute_charged(scope, bytes, |dh| room.take(dh)))
             });
             match admitted {
                 Ok(()) => true,

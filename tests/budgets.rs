@@ -562,6 +562,12 @@ fn bound(limit: u64, samples: &Samples, runners: usize, extra: u64) -> u64 {
     limit + (threads + 1) * memquota::stats().threshold + extra
 }
 
+/// Every sample of the account, and its peak, within `bound`.
+fn assert_within(samples: &Samples, stats: &memquota::Stats, bound: u64) {
+    assert!(samples.max_native <= bound, "a sample saw {} past the bound {bound}", samples.max_native);
+    assert!(stats.native_peak <= bound, "the peak {} passed the bound {bound}", stats.native_peak);
+}
+
 /// 64 MiB, 16 MiB held outside any scope; two scopes, twelve runners each under a
 /// budget of its own (2 MiB), all in flight until the monitor stops, so no budget is
 /// ever alone and none may over-commit. Each first asks for the whole limit (refused,
@@ -602,8 +608,7 @@ fn twelve_runners_at_the_limit_hold_it_and_return_to_zero() {
         stats.ooms - ooms,
         snap.budget_overcommits
     ));
-    assert!(samples.max_native <= bound, "a sample saw {} past the bound {bound}", samples.max_native);
-    assert!(stats.native_peak <= bound, "the peak {} passed the bound {bound}", stats.native_peak);
+    assert_within(&samples, &stats, bound);
     assert_eq!(snap.budget_overcommits, 0, "no budget is alone: none over-commits");
     assert!(samples.max_native > LIMIT - 4 * MIB, "the precondition: the runners reached the limit");
     for r in &runners {
@@ -656,8 +661,7 @@ fn sixteen_threads_racing_a_lone_budget_stay_within_the_bound() {
         snap.budget_overcommits,
         snap.budget_overcommit_bytes
     ));
-    assert!(samples.max_native <= bound, "a sample saw {} past the bound {bound}", samples.max_native);
-    assert!(stats.native_peak <= bound, "the peak {} passed the bound {bound}", stats.native_peak);
+    assert_within(&samples, &stats, bound);
     assert!(snap.budget_overcommits > 0 && stats.native_peak > LIMIT, "the precondition: it over-committed");
     for r in &runners {
         assert!(r.hopeless_refused && r.granted > 0, "refused, then allocated again: {r:?}");
@@ -720,8 +724,7 @@ fn two_runners_under_one_budget_at_the_limit_keep_the_account_within_the_bound()
         stats.ooms - ooms,
         snap.budget_overcommits
     ));
-    assert!(samples.max_native <= bound, "a sample saw {} past the bound {bound}", samples.max_native);
-    assert!(stats.native_peak <= bound, "the peak {} passed the bound {bound}", stats.native_peak);
+    assert_within(&samples, &stats, bound);
     assert_eq!(snap.budget_overcommits, 0, "no budget is alone: none over-commits");
     // The preconditions: at the limit, the shared budget past its grant at times, and
     // the shared budget's runners and the unscoped one refused while they churned.

@@ -520,24 +520,24 @@ pub(crate) fn after_fork_child(l: Option<&Local>) {
 /// exact, and sets its slack from it. Only the owning thread calls this, so the old
 /// value is read and written without a race.
 fn set_allowance(l: &Local, allowance: u64) {
-    let old = l.allowance.replace(allowance);
-    if allowance > old {
-        SLACK_SUM.fetch_add(allowance - old, Relaxed);
-    } else if old > allowance {
-        SLACK_SUM.fetch_sub(old - allowance, Relaxed);
-    }
+    replace_in_sum(&SLACK_SUM, &l.allowance, allowance);
     let slack = if l.tight.get() { 0 } else { allowance };
     l.slack.set(slack);
     reset(l, slack);
     let lazy = (face().lazy_frees)(slack);
-    let old = l.lag.replace(lazy.lag);
-    if lazy.lag > old {
-        LAG_SUM.fetch_add(lazy.lag - old, Relaxed);
-    } else if old > lazy.lag {
-        LAG_SUM.fetch_sub(old - lazy.lag, Relaxed);
-    }
+    replace_in_sum(&LAG_SUM, &l.lag, lazy.lag);
     if lazy.unseen != 0 {
         ACCOUNT.add(tables::attribute(l.scope.get(), -(lazy.unseen as i64)));
+    }
+}
+
+/// Sets a thread's part of `sum` to `new`: the sum moves by the difference.
+fn replace_in_sum(sum: &AtomicU64, part: &Cell<u64>, new: u64) {
+    let old = part.replace(new);
+    if new > old {
+        sum.fetch_add(new - old, Relaxed);
+    } else if old > new {
+        sum.fetch_sub(old - new, Relaxed);
     }
 }
 

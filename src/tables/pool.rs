@@ -870,6 +870,14 @@ impl Pool {
 mod tests {
     use super::*;
 
+    /// A pool of 1000 bytes with one scope begun.
+    fn one_scope() -> (Pool, u64) {
+        let mut p = Pool::new();
+        p.set_pool_bytes(1000);
+        let h = p.begin("t", 1, 0).unwrap();
+        (p, h)
+    }
+
     /// A charge the process account always takes.
     const ANY: fn(i64) -> bool = |_| true;
 
@@ -893,9 +901,7 @@ mod tests {
 
     #[test]
     fn allocations_consume_the_reservation_first() {
-        let mut p = Pool::new();
-        p.set_pool_bytes(1000);
-        let h = p.begin("t", 1, 0).unwrap();
+        let (mut p, h) = one_scope();
         let r = Ask::Reserve { bytes: 300, consumer: 0 };
         assert_eq!(
             p.try_grant(h, r, false, true, Among::Begun, ANY),
@@ -910,9 +916,7 @@ mod tests {
 
     #[test]
     fn budgets_draw_first_and_drain_into_their_scope() {
-        let mut p = Pool::new();
-        p.set_pool_bytes(1000);
-        let h = p.begin("t", 1, 0).unwrap();
+        let (mut p, h) = one_scope();
         let b = p.begin_budget(h).unwrap();
         assert_eq!(p.task_of(b), h);
         let grant = Ask::Reserve { bytes: 100, consumer: 0 };
@@ -944,9 +948,7 @@ mod tests {
 
     #[test]
     fn a_scope_ends_its_budgets() {
-        let mut p = Pool::new();
-        p.set_pool_bytes(1000);
-        let h = p.begin("t", 1, 0).unwrap();
+        let (mut p, h) = one_scope();
         let b = p.begin_budget(h).unwrap();
         let grant = Ask::Reserve { bytes: 100, consumer: 0 };
         assert!(matches!(p.try_grant(b, grant, false, true, Among::Begun, ANY), Decision::Granted { .. }));
@@ -961,9 +963,7 @@ mod tests {
 
     #[test]
     fn a_refused_charge_leaves_no_trace() {
-        let mut p = Pool::new();
-        p.set_pool_bytes(1000);
-        let h = p.begin("t", 1, 0).unwrap();
+        let (mut p, h) = one_scope();
         let b = p.begin_budget(h).unwrap();
         let c = p.add_consumer(h, "c").unwrap();
         let grant = Ask::Reserve { bytes: 100, consumer: 0 };

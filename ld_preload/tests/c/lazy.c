@@ -223,6 +223,23 @@ static void reallocs(void) {
     CHECKV(native() == base, "native %lld, base %lld", native(), base);
 }
 
+/* One helper thread, `f`, which makes itself lazy and then waits at the barrier (1):
+ * started after the thread cache is warm for `warm` threads and the sampler runs, with
+ * the native total and error bound from before it (`base`, `bound0`); once it is lazy
+ * the bound counts its lag too (2 * THRESHOLD: its slack and its lag). */
+static pthread_t start_lazy(void *(*f)(void *), int warm, long long *base, long long *bound0) {
+    warm_thread_cache(warm);
+    wait_for_sampler();
+    *base = native();
+    *bound0 = error_bound();
+    CHECK(pthread_barrier_init(&bar, NULL, 2) == 0);
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, f, NULL) == 0);
+    pthread_barrier_wait(&bar); /* 1 */
+    CHECKV(error_bound() >= *bound0 + 2 * THRESHOLD, "bound %lld, was %lld", error_bound(), *bound0);
+    return th;
+}
+
 /* ---- scopes: a lazy thread once scopes exist ------------------------------------ */
 
 #define BIG (4u << 20)
@@ -263,14 +280,8 @@ static void *attacher(void *arg) {
 
 static void scopes(void) {
     char report[1024];
-    warm_thread_cache(2);
-    wait_for_sampler();
-    long long base = native(), bound0 = error_bound();
-    CHECK(pthread_barrier_init(&bar, NULL, 2) == 0);
-    pthread_t th;
-    CHECK(pthread_create(&th, NULL, late_freer, NULL) == 0);
-    pthread_barrier_wait(&bar); /* 1 */
-    CHECKV(error_bound() >= bound0 + 2 * THRESHOLD, "bound %lld, was %lld", error_bound(), bound0);
+    long long base, bound0;
+    pthread_t th = start_lazy(late_freer, 2, &base, &bound0);
     task = memquota_scope_begin("lazy-task", 1, 0);
     CHECK(task != 0);
     CHECK(memquota_scope_attach(task) == 0);
@@ -312,14 +323,8 @@ static void *lowered(void *arg) {
 }
 
 static void limit(void) {
-    warm_thread_cache(1);
-    wait_for_sampler();
-    long long base = native(), bound0 = error_bound();
-    CHECK(pthread_barrier_init(&bar, NULL, 2) == 0);
-    pthread_t th;
-    CHECK(pthread_create(&th, NULL, lowered, NULL) == 0);
-    pthread_barrier_wait(&bar); /* 1 */
-    CHECKV(error_bound() >= bound0 + 2 * THRESHOLD, "bound %lld, was %lld", error_bound(), bound0);
+    long long base, bound0;
+    pthread_t th = start_lazy(lowered, 1, &base, &bound0);
     CHECK(memquota_set_limit(128ll << 20) == 0);
     pthread_barrier_wait(&bar); /* 2 */
     pthread_barrier_wait(&bar); /* 3 */
