@@ -153,13 +153,19 @@ pub(crate) fn admit(l: &Local, face: &Face, bytes: i64) -> bool {
 /// `Enforcement::Gates`: the allocation is taken; under pressure a background
 /// reclaim is asked for, and a grant past the limit is counted as an over-commit.
 pub(crate) fn count_only(bytes: i64) {
+    if taken(bytes) == Pressure::Hard {
+        ledger::note_overcommit();
+    }
+}
+
+/// Counts `bytes` already taken, with no decision, and asks for room as a grant
+/// would; returns the pressure they left.
+pub(crate) fn taken(bytes: i64) -> Pressure {
     let quota = quota();
     let heap = heap_probe::outside();
     let native = ACCOUNT.add(bytes);
-    if quota.pressure(native, heap) == Pressure::Hard {
-        ledger::note_overcommit();
-    }
     ask_for_room(quota, native, heap);
+    quota.pressure(native, heap)
 }
 
 /// The policy, whatever the enforcement (a scope's explicit reservation and a JVM

@@ -99,7 +99,7 @@ pub mod face {
     pub use crate::host::{anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
     pub use crate::ledger::{
         charge_or_miss, enter, spawn_service, thread_exit, try_charge, try_credit, undo_charge, Busy, Face,
-        LazyFrees, Local,
+        Lazy, Local,
     };
     pub use crate::purge::added_jemalloc_options;
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
@@ -109,7 +109,7 @@ pub mod face {
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
         retry_end_raw, scopes_used,
     };
-    pub use crate::slow_path::{charge_slow, end_gate, flush_thread, make_room, record};
+    pub use crate::slow_path::{charge_slow, charge_taken, end_gate, flush_thread, make_room, record};
     pub use crate::tables::retry::Rollback;
     pub use crate::tables::{MAX_BUDGETS, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
     pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};

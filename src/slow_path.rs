@@ -15,6 +15,21 @@ use crate::tables;
 #[cold]
 #[inline(never)]
 pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
+    visit(face, bytes, false)
+}
+
+/// Charges `bytes` that a thread of `face` has already taken (its face counted them
+/// in bulk, after the fact): never refused, never waiting. Like any grant it asks for
+/// a reclaim past the soft threshold, and past the ceiling the thread goes tight.
+#[cold]
+#[inline(never)]
+pub fn charge_taken(face: &'static Face, bytes: i64) {
+    visit(face, bytes, true);
+}
+
+/// A slow path: settles the thread's delta, then charges `bytes` with the policy's
+/// decision, or (`taken`) counts them as they are.
+fn visit(face: &'static Face, bytes: i64, taken: bool) -> bool {
     let Some(l) = (face.local)() else {
         ACCOUNT.add(bytes); // a thread with no state left: counted, never policed
         return true;
@@ -30,7 +45,12 @@ pub fn charge_slow(face: &'static Face, bytes: i64) -> bool {
     purge::settle_after_fork();
     let flushed = ledger::settle(l, face);
     ACCOUNT.add(flushed);
-    let granted = decide(l, face, bytes);
+    let granted = if taken && bytes > 0 {
+        admission::taken(ledger::attribute(l, bytes));
+        true
+    } else {
+        decide(l, face, bytes)
+    };
     // Past the ceiling the thread goes tight (no fast path) until a slow path finds
     // the account back under it: the ledger's bound on usage past the limit.
     let over = past_ceiling();

@@ -69,7 +69,7 @@ extern "C" fn on_load() {
     let metrics = config.take_metrics_addr();
     face::adopt(&FACE);
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
-    crate::lazy_free::register(face::threshold_for(memquota_core::process_account().limit));
+    crate::lazy::register(face::threshold_for(memquota_core::process_account().limit));
     if let Some(addr) = metrics {
         // Children inherit the variable with LD_PRELOAD, and the first process holds
         // the port: a failed bind is a warning, not a reason to stop the program.

@@ -29,14 +29,17 @@ unsafe impl GlobalAlloc for Internal {
     /// [`GlobalAlloc::alloc`]'s: `layout` has a non-zero size.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let f = flags(&layout);
+        // Recorded just below, so outside the bulk count of lazy calls.
+        let s = crate::tls::slot();
         // SAFETY: the size is non-zero (this function's contract); `f` encodes a
         // power-of-two alignment, or none.
-        let p = unsafe { jem::mallocx(layout.size(), f) };
+        let p = crate::lazy::guarded(s, || unsafe { jem::mallocx(layout.size(), f) });
         if !p.is_null() {
             // SAFETY: nallocx has no preconditions; with mallocx's size and flags it
             // gives the usable size just allocated.
             face::record(&FACE, unsafe { jem::nallocx(layout.size(), f) } as i64);
         }
+        crate::lazy::catch_up(s);
         p.cast()
     }
 
@@ -48,12 +51,12 @@ unsafe impl GlobalAlloc for Internal {
         // SAFETY: nallocx has no preconditions; with `alloc`'s size and flags (the same
         // layout, this function's contract) it gives the usable size `alloc` recorded.
         let usable = unsafe { jem::nallocx(layout.size(), f) };
-        // Recorded just below, so outside the bulk credit of lazy frees.
+        // Recorded just below, so outside the bulk count of lazy calls.
         let s = crate::tls::slot();
         // SAFETY: `ptr` is live and came from `alloc` with this layout (this function's
         // contract), so from mallocx with this size and these flags.
-        crate::lazy_free::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
+        crate::lazy::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
         face::record(&FACE, -(usable as i64));
-        crate::lazy_free::catch_up(s);
+        crate::lazy::catch_up(s);
     }
 }

@@ -22,7 +22,7 @@
 //! A refusal is NULL (`mallocx`, `rallocx`, with `errno` ENOMEM) or no change
 //! (`xallocx`), with the report, like any other.
 
-use crate::lazy_free;
+use crate::lazy;
 use crate::malloc::{alloc_flags, charge, release_by, resize_by, GiveBack, Resize};
 use crate::tls::FACE;
 use libc::{c_char, c_int, c_void, size_t};
@@ -104,7 +104,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     let s = crate::tls::slot();
     // SAFETY: `ptr` is a live jemalloc block, size >= 1, the caller's flags valid (this
     // function's contract).
-    let now = lazy_free::guarded(s, || unsafe { jem::xallocx(ptr, size, extra, flags) });
+    let now = lazy::guarded(s, || unsafe { jem::xallocx(ptr, size, extra, flags) });
     let counted = old + grow;
     if now != counted {
         face::record(&FACE, now as i64 - counted as i64);
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     if big {
         face::note_realloc_end(&FACE, ptr as usize, ptr as usize, old as u64, now as u64, had);
     }
-    lazy_free::catch_up(s);
+    lazy::catch_up(s);
     now
 }
 

@@ -7,14 +7,14 @@
 //! library's; this crate only translates. jemalloc takes its options from
 //! `MALLOC_CONF` as well as its own `_RJEM_MALLOC_CONF` (`malloc_conf.rs`).
 //!
-//! Accounting is in jemalloc's usable sizes: `free(p)` credits what jemalloc's
-//! per-thread total of freed bytes moved by, across the call or, on a thread whose
-//! frees are lazy (`lazy_free.rs`), in bulk from jemalloc's event hook and at every
-//! flush, the free itself a tail call into jemalloc; `malloc(n)` under 4 KiB
-//! charges a size class from a table filled from `nallocx` at load, before memory is
-//! taken; neither costs a size lookup. Larger requests are charged before memory is
-//! taken, with the size class computed (checked against `nallocx` at load) or asked
-//! of `nallocx`.
+//! Accounting is in jemalloc's usable sizes, taken from jemalloc's per-thread totals
+//! of bytes allocated and freed. On a lazy thread (`lazy.rs`) `free` and `malloc`
+//! under 4 KiB are tail calls into jemalloc, counted in bulk from jemalloc's event
+//! hook and at every flush. Elsewhere `free(p)` credits what the freed total moved by
+//! across the call, and `malloc(n)` under 4 KiB charges a size class from a table
+//! filled from `nallocx` at load, before memory is taken; neither costs a size
+//! lookup. Larger requests are charged before memory is taken, with the size class
+//! computed (checked against `nallocx` at load) or asked of `nallocx`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod agent;
@@ -26,7 +26,7 @@ mod internal;
 pub mod java_api;
 pub mod jemalloc_api;
 mod jvm_gate;
-mod lazy_free;
+mod lazy;
 pub mod malloc;
 mod malloc_conf;
 mod size_class;

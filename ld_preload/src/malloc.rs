@@ -4,7 +4,7 @@
 //! Exported with `#[cfg_attr(not(test), no_mangle)]` so this crate's own unit tests
 //! do not interpose themselves.
 
-use crate::lazy_free;
+use crate::lazy;
 use crate::size_class::{small_usable, usable, SMALL_MAX};
 use crate::tls::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
@@ -43,6 +43,23 @@ pub(crate) fn credit(bytes: usize) {
     }
 }
 
+/// Charges `bytes` a lazy thread has already taken (`lazy.rs`): never refused.
+pub(crate) fn charge_taken(bytes: usize) {
+    if !face::try_charge(local(), bytes as u64) {
+        taken_slow(bytes);
+    }
+}
+
+/// [`charge_taken`]'s slow path, keeping errno: it runs inside the jemalloc call
+/// that crossed the hook's interval, whose caller may read errno after.
+#[cold]
+#[inline(never)]
+fn taken_slow(bytes: usize) {
+    let saved = errno();
+    face::charge_taken(&FACE, bytes as i64);
+    set_errno(saved);
+}
+
 /// The shared slow path, keeping errno: `free` must not change it, and a granted
 /// `malloc` has no business changing it either.
 #[cold]
@@ -68,14 +85,29 @@ fn enomem() -> *mut c_void {
 /// call. Larger ones are charged before memory is taken.
 const CHARGE_AFTER_MAX: usize = 4096;
 
-/// `malloc`. Under [`SMALL_MAX`] the usable size is one table load, charged before
-/// memory is taken, and only the call to jemalloc needs a stack frame (to keep the
-/// size for a refund if jemalloc fails): reading jemalloc's per-thread total before
-/// and after the call, as before, kept the thread's slot, the total's address and
-/// its old value across the call, three registers saved and restored per call.
-/// Every other way out is a tail call.
+/// `malloc`: under [`SMALL_MAX`] on a lazy thread, a tail call into jemalloc,
+/// charged in bulk later (`lazy.rs`); otherwise counted, out of line. No stack frame.
 #[inline(always)]
 fn alloc(n: size_t) -> *mut c_void {
+    if n < SMALL_MAX && slot().lazy.get() {
+        // SAFETY: plain jemalloc malloc.
+        return unsafe { jem::malloc(n) };
+    }
+    alloc_counted(n)
+}
+
+/// `malloc`, charged before memory is taken, out of line so that the lazy `malloc`
+/// needs no frame (`extern "C"`, like the other cold exits of `malloc`, so that it
+/// cannot unwind: its caller needs no landing pad and reaches it by a jump). Under
+/// [`SMALL_MAX`] the usable size is one table load, and only the call to jemalloc
+/// needs a stack frame (to keep the size for a refund if jemalloc fails): reading
+/// jemalloc's per-thread total before and after the call kept the thread's slot, the
+/// total's address and its old value across the call, three registers saved and
+/// restored per call. Every other way out is a tail call. Not reached on a lazy
+/// thread under [`SMALL_MAX`], so the small call to jemalloc needs no guard: only a
+/// slow path makes a thread lazy, and the small path leaves by [`missed`] for it.
+#[inline(never)]
+extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
     if n < SMALL_MAX {
         let size = small_usable(n);
         if size != 0 {
@@ -145,7 +177,7 @@ pub(crate) unsafe fn alloc_flags(n: size_t, flags: c_int) -> *mut c_void {
 unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> *mut c_void {
     // Guarded: jemalloc's hook waits until the total is read, so its movement is this
     // call's alone.
-    let (p, size) = lazy_free::guarded(s, || {
+    let (p, size) = lazy::guarded(s, || {
         // SAFETY: `total` points into this thread's jemalloc state (thread.allocatedp),
         // valid while the thread lives, written only by it (this function's contract).
         let before = unsafe { total.read_volatile() };
@@ -155,19 +187,19 @@ unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> 
         (p, (unsafe { total.read_volatile() }).wrapping_sub(before) as usize)
     });
     if p.is_null() {
-        lazy_free::catch_up(s);
+        lazy::catch_up(s);
         return enomem();
     }
     if face::try_charge(&s.local, size as u64) || slow(size as i64) {
-        lazy_free::catch_up(s);
+        lazy::catch_up(s);
         return p;
     }
     // Refused: give the few bytes back uncounted (they were never charged), outside
     // the bulk credit of lazy frees.
     // SAFETY: `p` is the live block just allocated with these flags, `size` its usable
     // size.
-    lazy_free::guarded(s, || unsafe { jem::sdallocx(p, size, flags) });
-    lazy_free::catch_up(s);
+    lazy::guarded(s, || unsafe { jem::sdallocx(p, size, flags) });
+    lazy::catch_up(s);
     enomem()
 }
 
@@ -179,8 +211,9 @@ extern "C" fn charge_first(n: size_t) -> *mut c_void {
     charged(usable(n), || unsafe { jem::malloc(n) })
 }
 
-/// Charges `size` usable bytes (0: too large to allocate), then lets `take` allocate;
-/// gives the charge back if jemalloc fails.
+/// Charges `size` usable bytes (0: too large to allocate), then lets `take` allocate
+/// (guarded: on a lazy thread its bytes stay out of the bulk count); gives the charge
+/// back if jemalloc fails.
 pub(crate) fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void {
     if size == 0 {
         return enomem();
@@ -188,11 +221,20 @@ pub(crate) fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c
     if !face::try_charge(local(), size as u64) {
         return charged_slow(size, take);
     }
-    let p = take();
+    let p = taken(take);
     if p.is_null() {
         credit(size);
         return enomem();
     }
+    p
+}
+
+/// `take`, guarded, then what the hook put off meanwhile (`lazy.rs`).
+#[inline(always)]
+fn taken(take: impl FnOnce() -> *mut c_void) -> *mut c_void {
+    let s = slot();
+    let p = lazy::guarded(s, take);
+    lazy::catch_up(s);
     p
 }
 
@@ -204,7 +246,7 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void 
     if !slow(size as i64) {
         return enomem();
     }
-    let p = take();
+    let p = taken(take);
     if p.is_null() {
         credit(size);
         return enomem();
@@ -276,7 +318,7 @@ impl GiveBack {
 }
 
 /// `free`: while the thread's frees are lazy, a tail call into jemalloc (which takes
-/// null too), credited in bulk later (`lazy_free.rs`); otherwise counted, out of line.
+/// null too), credited in bulk later (`lazy.rs`); otherwise counted, out of line.
 /// Every way out is a jump: no stack frame.
 ///
 /// # Safety
@@ -354,7 +396,7 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
 /// of freed bytes moved by, so the free costs jemalloc's own lookup and nothing more.
 /// Before the thread's first slow path has found that total, ask `sallocx` (a second
 /// lookup). `LAZY`: the thread's frees are lazy, so the call is kept out of their bulk
-/// credit (`lazy_free::measured`).
+/// credit (`lazy::measured`).
 ///
 /// # Safety
 /// `s` is the calling thread's slot, whose frees are lazy exactly when `LAZY`; `p` is
@@ -379,7 +421,7 @@ unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveB
         // SAFETY: `freed` is this thread's thread.deallocatedp (from its own slot, this
         // function's contract) and non-null here; `p` is non-null, so a live block `how`
         // may give back (this function's contract), not used after.
-        (unsafe { lazy_free::measured(s, freed, || how.call(p)) }).1 as usize
+        (unsafe { lazy::measured(s, freed, || how.call(p)) }).1 as usize
     } else {
         // SAFETY: `freed` points into this thread's jemalloc state (thread.deallocatedp),
         // valid while the thread lives; jemalloc writes it only on this thread.
@@ -393,7 +435,7 @@ unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveB
     };
     credit_freed(s, size);
     if LAZY {
-        lazy_free::catch_up(s);
+        lazy::catch_up(s);
     }
 }
 
@@ -468,7 +510,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     // bulk, and jemalloc's hook waits until the total is read.
     let s = slot();
     let total = s.allocated.get();
-    let (q, moved) = lazy_free::guarded(s, || {
+    let (q, moved) = lazy::guarded(s, || {
         let before = if total.is_null() {
             0
         } else {
@@ -498,7 +540,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         if had {
             face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
         }
-        lazy_free::catch_up(s);
+        lazy::catch_up(s);
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
@@ -517,7 +559,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     if big {
         face::note_realloc_end(&FACE, p as usize, q as usize, old as u64, now as u64, had);
     }
-    lazy_free::catch_up(s);
+    lazy::catch_up(s);
     q
 }
 

@@ -24,17 +24,21 @@ pub(crate) struct Slot {
     /// The block `free` is giving back, for its slow path's owner lookup (a store
     /// costs the fast path less than keeping the pointer live across the call).
     pub(crate) freeing: Cell<*mut libc::c_void>,
-    /// Frees are tail calls into jemalloc, credited in bulk (`lazy_free.rs`).
+    /// Frees and small mallocs are tail calls into jemalloc, counted in bulk
+    /// (`lazy.rs`).
     pub(crate) lazy: Cell<bool>,
     /// jemalloc's per-thread hook has fired on this thread, so it fires again.
     pub(crate) armed: Cell<bool>,
-    /// Inside a jemalloc call whose freed bytes its caller credits itself.
+    /// Inside a jemalloc call whose bytes its caller counts itself.
     pub(crate) guard: Cell<bool>,
-    /// jemalloc's hook fired inside such a call: credit in bulk after it.
+    /// jemalloc's hook fired inside such a call: count in bulk after it.
     pub(crate) missed: Cell<bool>,
+    /// jemalloc's total of bytes allocated by this thread up to which every
+    /// allocation is charged, while `lazy`.
+    pub(crate) allocated_base: Cell<u64>,
     /// jemalloc's total of bytes freed by this thread up to which every free is
     /// credited, while `lazy`.
-    pub(crate) base: Cell<u64>,
+    pub(crate) freed_base: Cell<u64>,
     /// The thread's retry blocks begun through the C ABI or the Java class.
     pub(crate) retry: RetryNest,
 }
@@ -136,8 +140,8 @@ pub(crate) static FACE: Face = Face {
     local: local_opt,
     register_exit,
     configure_from_env: false,
-    unseen_frees: crate::lazy_free::unseen,
-    lazy_frees: crate::lazy_free::rearm,
+    unseen: crate::lazy::unseen,
+    lazy: crate::lazy::rearm,
 };
 
 fn local_opt() -> Option<&'static Local> {

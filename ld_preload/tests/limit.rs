@@ -239,6 +239,21 @@ fn malloc_256_in_a_loop_past_null_default_refuse_min_at_64m() {
     malloc_loop(256, 2_000_000, "64m", None);
 }
 
+/// At 256 MiB (threshold 64 KiB) jemalloc's hook fires every 32 KiB, and a 256 B
+/// `malloc` on a loose thread is a tail call into jemalloc, charged in bulk by the
+/// hook (`lazy.rs`): the bound holds all the same, and the thread turns tight, where
+/// every call is counted and refused as it happens, once the hook's charge passes the
+/// limit.
+#[test]
+fn lazy_malloc_256_in_a_loop_past_null_refuse_min_0_at_256m() {
+    malloc_loop(256, 4_000_000, "256m", Some("0"));
+}
+
+#[test]
+fn lazy_malloc_256_in_a_loop_past_null_default_refuse_min_at_256m() {
+    malloc_loop(256, 4_000_000, "256m", None);
+}
+
 #[test]
 fn malloc_65536_in_a_loop_past_null_at_1g() {
     // At 1 GiB the per-thread threshold (256 KiB) is larger than the request.

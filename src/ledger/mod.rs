@@ -7,13 +7,20 @@
 //! Error bound: after every operation `|delta| < slack`, so the process total differs
 //! from the true sum of live allocation sizes by less than the sum of the live
 //! threads' slacks, itself at most `live_threads() * threshold`. A face may also let a
-//! thread's frees wait before they reach the ledger (the preload's lazy `free`, a tail
-//! call into jemalloc credited in bulk): less than the thread's *lag* each, which the
-//! face declares ([`Face::lazy_frees`]) and never more than its slack. Those frees
-//! only make the total high, never low, so the total is within `(-slacks, slacks +
-//! lags)` of the truth, [`error_bound`] the sum, at most `2 * live_threads() *
-//! threshold`. A thread picks up a new threshold at its next flush; every flush, settle
-//! and exit takes the face's waiting frees with the delta ([`Face::unseen_frees`]).
+//! thread's calls wait before they reach the ledger (the preload's lazy `free` and
+//! small `malloc`, tail calls into jemalloc counted in bulk), as the face declares
+//! ([`Face::lazy`]):
+//!
+//! * frees, less than the thread's *lag* each, never more than its slack. They only
+//!   make the total high, never low;
+//! * allocations, less than the thread's *lead*, which the ledger takes out of the
+//!   thread's room for charges: what it charged since its last flush plus what waits
+//!   stays under its slack, so the low side of the bound does not move.
+//!
+//! So the total is within `(-slacks, slacks + lags)` of the truth, [`error_bound`] the
+//! sum, at most `2 * live_threads() * threshold`. A thread picks up a new threshold at
+//! its next flush; every flush, settle and exit takes what the face kept waiting with
+//! the delta ([`Face::unseen`]).
 //!
 //! Over the limit: a flush adds the pending delta unconditionally (that memory is
 //! already taken), and a thread leaves the slow path with its slack only while the
@@ -168,13 +175,14 @@ enum Phase {
 /// live in a zero-initialised TLS block.
 #[repr(C)]
 pub struct Local {
-    /// `slack` minus the bytes this thread allocated since its last flush: what its
-    /// fast path may still charge. Kept above zero, so each charge is one subtract and
-    /// a branch on its flags, and touches nothing else.
+    /// `slack - lead` minus the bytes this thread allocated since its last flush: what
+    /// its fast path may still charge. Kept above zero, so each charge is one subtract
+    /// and a branch on its flags, and touches nothing else.
     up: Cell<u64>,
     /// `slack` minus the bytes this thread freed since its last flush: what its fast
-    /// path may still credit. Kept above zero. The delta is `down - up`; with both in
-    /// `(0, slack]`, `|delta| < slack`.
+    /// path may still credit. Kept above zero. The delta is `down - up - lead`; with
+    /// both in `(0, slack]`, `|delta| < slack`, and what the face keeps waiting adds
+    /// less than `lead` to it.
     down: Cell<u64>,
     /// The thread's slack: its allowance, or 0 while tight, `Fresh` or `Exited`, so
     /// every change goes slow.
@@ -202,8 +210,11 @@ pub struct Local {
     /// for the allocation that follows it ([`prepay_scoped`]).
     prepaid_scoped: Cell<u64>,
     /// The most this thread's frees may wait before its face hands them to the ledger
-    /// ([`Face::lazy_frees`]), counted in [`LAG_SUM`].
+    /// ([`Face::lazy`]), counted in [`LAG_SUM`].
     lag: Cell<u64>,
+    /// The most this thread's allocations may wait before its face hands them to the
+    /// ledger ([`Face::lazy`]), kept out of `up`.
+    lead: Cell<u64>,
 }
 
 impl Local {
@@ -222,6 +233,7 @@ impl Local {
             retry: Cell::new(0),
             prepaid_scoped: Cell::new(0),
             lag: Cell::new(0),
+            lead: Cell::new(0),
         }
     }
 }
@@ -246,38 +258,43 @@ pub struct Face {
     /// and it configures the budget from its load-time constructor instead (no limit
     /// is enforced before that).
     pub configure_from_env: bool,
-    /// Bytes the calling thread gave back without crediting them yet, handed over now
-    /// (the face forgets them). Called on that thread wherever the ledger takes its
-    /// delta, so every flush, settle and exit counts them. A face whose frees are all
-    /// credited as they happen returns 0.
-    pub unseen_frees: fn() -> u64,
+    /// Bytes the calling thread allocated minus bytes it gave back that the face has
+    /// not handed to the ledger yet, handed over now (the face forgets them). Called
+    /// on that thread wherever the ledger takes its delta, so every flush, settle and
+    /// exit counts them. A face that counts every call as it happens returns 0.
+    pub unseen: fn() -> i64,
     /// The calling thread's slack is now `slack` (0: fresh, tight or exited): the face
-    /// says whether its frees may go uncredited for a while, and how long. Called on
+    /// says whether its calls may go uncounted for a while, and how far. Called on
     /// that thread after each change, with its delta just taken (or, on its first
     /// visit, still zero).
-    pub lazy_frees: fn(slack: u64) -> LazyFrees,
+    pub lazy: fn(slack: u64) -> Lazy,
 }
 
-/// A face's answer to a new slack ([`Face::lazy_frees`]).
+/// A face's answer to a new slack ([`Face::lazy`]).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct LazyFrees {
+pub struct Lazy {
     /// The most the thread's frees may now wait, in bytes, before the face hands them
-    /// over through [`Face::unseen_frees`] (0: every free is credited as it happens).
-    /// Added to the error bound while the thread lives.
+    /// over through [`Face::unseen`] (0: every free is credited as it happens). Added
+    /// to the error bound while the thread lives.
     pub lag: u64,
-    /// Bytes freed since the delta was taken that the face hands over with this
-    /// answer (it stops deferring them): credited to the thread's scope at once.
-    pub unseen: u64,
+    /// The most the thread's allocations may now wait before the face hands them
+    /// over (0: every allocation is charged as it happens). Under the slack: the
+    /// ledger takes it out of the thread's room for charges.
+    pub lead: u64,
+    /// Bytes allocated minus bytes freed since the delta was taken that the face
+    /// hands over with this answer (it stops deferring them): counted to the thread's
+    /// scope at once.
+    pub unseen: i64,
 }
 
-/// The Rust face credits every free as it happens.
-pub(crate) fn no_unseen_frees() -> u64 {
+/// The Rust face counts every call as it happens.
+pub(crate) fn nothing_unseen() -> i64 {
     0
 }
 
-/// The Rust face credits every free as it happens.
-pub(crate) fn no_lazy_frees(_slack: u64) -> LazyFrees {
-    LazyFrees::default()
+/// The Rust face counts every call as it happens.
+pub(crate) fn never_lazy(_slack: u64) -> Lazy {
+    Lazy::default()
 }
 
 /// Records a charge of `bytes` if the thread's allocations since its last flush stay
@@ -348,21 +365,24 @@ fn give_back(room: &Cell<u64>, bytes: u64) {
     room.set(room.get().wrapping_add(bytes));
 }
 
+/// Charged minus credited since the last reset: `up` starts at `slack - lead`,
+/// `down` at `slack`.
 fn delta(l: &Local) -> i64 {
-    l.down.get().wrapping_sub(l.up.get()) as i64
+    l.down.get().wrapping_sub(l.up.get()).wrapping_sub(l.lead.get()) as i64
 }
 
-/// Takes the thread's delta, with the frees its face has not credited yet.
+/// Takes the thread's delta, with what its face has not handed over yet.
 fn take_delta(l: &Local) -> i64 {
-    let unseen = (face().unseen_frees)();
-    let d = delta(l).wrapping_sub(unseen as i64);
+    let unseen = (face().unseen)();
+    let d = delta(l).wrapping_add(unseen);
     reset(l, l.slack.get());
     d
 }
 
-/// Gives the thread its whole slack on both sides: its delta is zero after.
+/// Gives the thread its whole slack on both sides, less its face's lead on the side
+/// of charges: its delta is zero after.
 fn reset(l: &Local, slack: u64) {
-    l.up.set(slack);
+    l.up.set(slack - l.lead.get());
     l.down.set(slack);
 }
 
@@ -523,11 +543,12 @@ fn set_allowance(l: &Local, allowance: u64) {
     replace_in_sum(&SLACK_SUM, &l.allowance, allowance);
     let slack = if l.tight.get() { 0 } else { allowance };
     l.slack.set(slack);
-    reset(l, slack);
-    let lazy = (face().lazy_frees)(slack);
+    let lazy = (face().lazy)(slack);
     replace_in_sum(&LAG_SUM, &l.lag, lazy.lag);
+    l.lead.set(lazy.lead.min(slack));
+    reset(l, slack);
     if lazy.unseen != 0 {
-        ACCOUNT.add(tables::attribute(l.scope.get(), -(lazy.unseen as i64)));
+        ACCOUNT.add(tables::attribute(l.scope.get(), lazy.unseen));
     }
 }
 

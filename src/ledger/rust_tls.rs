@@ -23,8 +23,8 @@ pub(crate) static RUST_FACE: Face = Face {
     local,
     register_exit,
     configure_from_env: true,
-    unseen_frees: super::no_unseen_frees,
-    lazy_frees: super::no_lazy_frees,
+    unseen: super::nothing_unseen,
+    lazy: super::never_lazy,
 };
 
 /// The calling thread's state.
