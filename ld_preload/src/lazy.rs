@@ -21,7 +21,7 @@
 //! allows. Its frees not yet credited are under one interval (its *lag*, part of the
 //! error bound on the side where the account is high), and nothing once it has
 //! flushed. The interval is half the threshold at load, so that the lead fits the
-//! slack with room for charges beside it; under 128 MiB limits ([`MIN_INTERVAL`])
+//! slack with room for charges beside it; under 64 MiB limits ([`MIN_INTERVAL`])
 //! there is no hook and no lazy call.
 //!
 //! jemalloc postpones its event while the thread is inside the hook, or while its
@@ -71,12 +71,12 @@ use tikv_jemalloc_sys as jem;
 /// The hook's interval in bytes; 0 until it is registered (no thread is lazy then).
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
 
-/// No hook under this interval (limits under 128 MiB, whose threshold is under twice
-/// it): it would fire every few dozen small calls, each firing a slow path. Measured
-/// on `benches/preload/churn.c 1 1000000 small` with lazy frees only (instructions per
-/// malloc + free against counting each free): 4 KiB +18, 8 KiB +3, 16 KiB -4,
-/// 32 KiB -8, 64 KiB -11, 1 MiB -12.
-const MIN_INTERVAL: u64 = 16 << 10;
+/// No hook under this interval (limits under 64 MiB, whose threshold is under twice
+/// it): it would fire every few dozen small calls, and the lead would leave no room
+/// for charges. At 8 KiB (a 64 MiB limit) lazy calls save 11-12 instructions per
+/// malloc + free against counting each call (`benches/preload/churn.c 1 1000000`,
+/// callgrind: `small` 147.9 -> 136.2, `mixed` 232.7 -> 220.7).
+const MIN_INTERVAL: u64 = 8 << 10;
 
 /// The hook's interval: the most a lazy thread's frees wait for their credit.
 fn interval() -> u64 {

@@ -89,38 +89,40 @@ const CHARGE_AFTER_MAX: usize = 4096;
 /// charged in bulk later (`lazy.rs`); otherwise counted, out of line. No stack frame.
 #[inline(always)]
 fn alloc(n: size_t) -> *mut c_void {
-    if n < SMALL_MAX && slot().lazy.get() {
-        // SAFETY: plain jemalloc malloc.
-        return unsafe { jem::malloc(n) };
+    if n < SMALL_MAX {
+        let s = slot();
+        if s.lazy.get() {
+            // SAFETY: plain jemalloc malloc.
+            return unsafe { jem::malloc(n) };
+        }
+        return alloc_small(n, s);
     }
-    alloc_counted(n)
+    charge_first(n)
 }
 
-/// `malloc`, charged before memory is taken, out of line so that the lazy `malloc`
-/// needs no frame (`extern "C"`, like the other cold exits of `malloc`, so that it
-/// cannot unwind: its caller needs no landing pad and reaches it by a jump). Under
-/// [`SMALL_MAX`] the usable size is one table load, and only the call to jemalloc
-/// needs a stack frame (to keep the size for a refund if jemalloc fails): reading
-/// jemalloc's per-thread total before and after the call kept the thread's slot, the
-/// total's address and its old value across the call, three registers saved and
-/// restored per call. Every other way out is a tail call. Not reached on a lazy
-/// thread under [`SMALL_MAX`], so the small call to jemalloc needs no guard: only a
-/// slow path makes a thread lazy, and the small path leaves by [`missed`] for it.
+/// A small `malloc` on a thread that is not lazy, charged before memory is taken,
+/// out of line so that the lazy `malloc` needs no frame (`extern "C"`, like the other
+/// cold exits of `malloc`, so that it cannot unwind: its caller needs no landing pad
+/// and reaches it by a jump; the slot's address comes along). The usable size is one
+/// table load, and only the call to jemalloc needs a stack frame (to keep the size
+/// for a refund if jemalloc fails): reading jemalloc's per-thread total before and
+/// after the call kept the thread's slot, the total's address and its old value
+/// across the call, three registers saved and restored per call. Every other way out
+/// is a tail call. The call to jemalloc needs no guard: only a slow path makes a
+/// thread lazy, and the charge leaves by [`missed`] for it.
 #[inline(never)]
-extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
-    if n < SMALL_MAX {
-        let size = small_usable(n);
-        if size != 0 {
-            if !face::charge_or_miss(local(), size as u64) {
-                return missed(n, size);
-            }
-            // SAFETY: plain jemalloc malloc.
-            let p = unsafe { jem::malloc(n) };
-            if p.is_null() {
-                return refund(size);
-            }
-            return p;
+extern "C" fn alloc_small(n: size_t, s: &Slot) -> *mut c_void {
+    let size = small_usable(n);
+    if size != 0 {
+        if !face::charge_or_miss(&s.local, size as u64) {
+            return missed(n, size);
         }
+        // SAFETY: plain jemalloc malloc.
+        let p = unsafe { jem::malloc(n) };
+        if p.is_null() {
+            return refund(size);
+        }
+        return p;
     }
     charge_first(n)
 }
