@@ -98,8 +98,8 @@ pub mod face {
     pub use crate::export::metric;
     pub use crate::host::{anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
     pub use crate::ledger::{
-        charge_or_miss, enter, spawn_service, thread_exit, try_charge, try_credit, undo_charge, Busy, Face,
-        Lazy, Local,
+        charge_or_miss, enter, record_in_bulk, spawn_service, thread_exit, try_charge, try_credit,
+        undo_charge, Busy, Face, Lazy, Local,
     };
     pub use crate::purge::added_jemalloc_options;
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};

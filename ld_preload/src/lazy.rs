@@ -61,7 +61,7 @@
 //!   (a call after it reincarnates the thread's state without resetting them), so the
 //!   exit flush, whenever it runs, finds what is owed.
 
-use crate::malloc::{charge_taken, credit};
+use crate::malloc::count_in_bulk;
 use crate::size_class::SMALL_MAX;
 use crate::tls::{slot, Slot};
 use memquota_core::face::{self, Lazy};
@@ -156,10 +156,8 @@ fn take(s: &Slot) -> i64 {
 /// Counts what the thread owes.
 fn settle(s: &Slot) {
     let owed = take(s);
-    if owed > 0 {
-        charge_taken(owed as usize);
-    } else if owed < 0 {
-        credit(owed.unsigned_abs() as usize);
+    if owed != 0 {
+        count_in_bulk(owed);
     }
 }
 

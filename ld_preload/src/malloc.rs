@@ -43,15 +43,19 @@ pub(crate) fn credit(bytes: usize) {
     }
 }
 
-/// Charges `bytes` a lazy thread has already taken (`lazy.rs`): never refused.
-pub(crate) fn charge_taken(bytes: usize) {
-    if !face::try_charge(local(), bytes as u64) {
-        taken_slow(bytes);
+/// Counts what a lazy thread's calls took minus what they gave back (`lazy.rs`),
+/// after the fact: a charge is never refused.
+pub(crate) fn count_in_bulk(bytes: i64) {
+    let left = face::record_in_bulk(local(), bytes);
+    if left > 0 {
+        taken_slow(left as usize);
+    } else if left < 0 {
+        slow(left);
     }
 }
 
-/// [`charge_taken`]'s slow path, keeping errno: it runs inside the jemalloc call
-/// that crossed the hook's interval, whose caller may read errno after.
+/// [`count_in_bulk`]'s slow path for a charge, keeping errno: it runs inside the
+/// jemalloc call that crossed the hook's interval, whose caller may read errno after.
 #[cold]
 #[inline(never)]
 fn taken_slow(bytes: usize) {

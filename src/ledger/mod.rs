@@ -335,6 +335,38 @@ pub fn try_credit(l: &Local, bytes: u64) -> bool {
     take(&l.down, bytes)
 }
 
+/// Records `bytes` (either sign) that a face counted in bulk, after the calls that
+/// took and gave them back ([`Face::lazy`]): a credit first gives back the room for
+/// charges the thread used since its last flush, a charge the room for credits, and
+/// only the rest takes from its own room. Returns what it could not record (0: all
+/// of it), for the slow path.
+///
+/// The rooms stay in `(0, slack - lead]` and `(0, slack]`, so the delta keeps its
+/// bounds. What changes is when a thread flushes: one whose big blocks are charged as
+/// they are taken while its frees wait for the face (the preload's lazy `free`) got
+/// its room for charges back only at a flush, every `slack` bytes it allocated; now
+/// each bulk credit gives it back, and it flushes when its net delta nears the slack.
+/// Off the fast path (once per interval), so the second step costs nothing there.
+pub fn record_in_bulk(l: &Local, bytes: i64) -> i64 {
+    let slack = l.slack.get();
+    let (own, other, other_full) = match bytes < 0 {
+        true => (&l.down, &l.up, slack - l.lead.get()),
+        false => (&l.up, &l.down, slack),
+    };
+    let n = bytes.unsigned_abs();
+    let back = other_full.saturating_sub(other.get()).min(n);
+    other.set(other.get() + back);
+    let rest = n - back;
+    if rest == 0 || take(own, rest) {
+        return 0;
+    }
+    if bytes < 0 {
+        -(rest as i64)
+    } else {
+        rest as i64
+    }
+}
+
 /// Takes `bytes` from `room` if that leaves some; otherwise leaves it as it was.
 ///
 /// Subtracts and stores first, then checks the flags, and puts the bytes back out of
@@ -575,6 +607,38 @@ pub fn pending(l: &Local) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bulk_counts_give_the_other_room_back_first_and_keep_the_delta_exact() {
+        let l = Local::new();
+        l.slack.set(1000);
+        l.lead.set(300);
+        reset(&l, 1000);
+        assert_eq!(
+            (l.up.get(), l.down.get(), delta(&l)),
+            (700, 1000, 0),
+            "the lead is out of the charges' room"
+        );
+        assert!(take(&l.up, 500));
+        // A credit gives back the 500 charged first, then takes 100 of its own room.
+        assert_eq!(record_in_bulk(&l, -600), 0);
+        assert_eq!((l.up.get(), l.down.get(), delta(&l)), (700, 900, -100));
+        // A charge gives back the 100 credited first.
+        assert_eq!(record_in_bulk(&l, 250), 0);
+        assert_eq!((l.up.get(), l.down.get(), delta(&l)), (550, 1000, 150));
+        // Past what the rooms hold: what was given back stays recorded, the rest is
+        // left for the slow path.
+        assert_eq!(record_in_bulk(&l, -1000), 0);
+        assert_eq!((l.up.get(), l.down.get(), delta(&l)), (700, 150, -850));
+        assert_eq!(record_in_bulk(&l, -200), -200);
+        assert_eq!(record_in_bulk(&l, 1600), 750);
+        assert_eq!((l.up.get(), l.down.get(), delta(&l)), (700, 1000, 0), "850 given back, 750 left");
+        // A tight thread (slack 0) records nothing on the fast path.
+        let tight = Local::new();
+        assert_eq!(record_in_bulk(&tight, 5), 5);
+        assert_eq!(record_in_bulk(&tight, -5), -5);
+        assert_eq!(delta(&tight), 0);
+    }
 
     #[test]
     fn a_nested_enter_keeps_the_outer_mark() {
