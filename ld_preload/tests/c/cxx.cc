@@ -5,7 +5,7 @@
 #include <new>
 #include <vector>
 #include <string>
-extern "C" size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
+#include "sampler.h"
 static unsigned long long native() {
     char buf[4096];
     if (!memquota_stats_json) { std::puts("no preload"); std::exit(3); }
@@ -16,6 +16,7 @@ static unsigned long long native() {
 struct alignas(64) Wide { char x[200]; };
 struct alignas(256) Huge { char x[1000]; };
 int main(int argc, char **argv) {
+    wait_for_sampler(); // before the base is taken
     unsigned long long before = native();
     {
         std::vector<std::string> v;

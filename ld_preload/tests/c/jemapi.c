@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include "sampler.h"
 
 size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
 
@@ -362,6 +363,7 @@ static void conf(void) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "api";
+    wait_for_sampler(); /* before any base is taken */
     if (!strcmp(mode, "api")) api();
     else if (!strcmp(mode, "threads")) threads();
     else if (!strcmp(mode, "oom")) oom();

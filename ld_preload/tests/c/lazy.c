@@ -9,6 +9,7 @@
  * lazy threads | mallocs | realloc | scopes | limit. Prints "ok MODE" at the end. */
 #define _GNU_SOURCE
 #include "../../include/memquota.h"
+#include "sampler.h"
 #include <malloc.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -47,13 +48,7 @@ static long long native(void) { return stat_of("native_bytes"); }
 static long long error_bound(void) { return stat_of("error_bound_bytes"); }
 
 /* memquota's sampler thread registers (its slack joins the error bound) once it has
- * started: the bounds below are measured after that. */
-static void wait_for_sampler(void) {
-    for (int i = 0; stat_of("threads") < 2; i++) {
-        CHECK(i < 30000); /* 30 s */
-        usleep(1000);
-    }
-}
+ * started: the bounds below are measured after that (wait_for_sampler). */
 
 /* glibc caches exited threads' stacks and DTVs: warm the cache so that the measured
  * rounds allocate none. */

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "sampler.h"
 
 /* Not all of these are declared (or defined) by this glibc: weak, so the preload's
  * definitions are what they resolve to, and the checks fail if it has none. */
@@ -265,6 +266,7 @@ static void serve(const char *stop) {
 
 int main(int argc, char **argv) {
     CHECK(argc >= 2);
+    wait_for_sampler(); /* before any base is taken */
     if (!strcmp(argv[1], "entry")) entry();
     else if (!strcmp(argv[1], "threads")) threads();
     else if (!strcmp(argv[1], "fork")) forks();
