@@ -166,7 +166,7 @@ fn settle(s: &Slot) {
 extern "C" fn on_event(_is_alloc: bool, _allocated: u64, _deallocated: u64) {
     let s = slot();
     s.armed.set(true);
-    if !s.lazy.get() {
+    if !s.lazy() {
         return;
     }
     if s.guard.get() {
@@ -179,7 +179,7 @@ extern "C" fn on_event(_is_alloc: bool, _allocated: u64, _deallocated: u64) {
 /// [`face::Face::unseen`]: what the calling thread owes, handed to the ledger.
 pub(crate) fn unseen() -> i64 {
     let s = slot();
-    if !s.lazy.get() || s.guard.get() {
+    if !s.lazy() || s.guard.get() {
         return 0;
     }
     take(s)
@@ -199,7 +199,7 @@ pub(crate) fn rearm(slack: u64) -> Lazy {
         && !allocated.is_null()
         && !freed.is_null()
         && !face::scopes_used();
-    let was = s.lazy.get();
+    let was = s.lazy();
     if want && !was {
         // SAFETY: non-null here, so this thread's thread.allocatedp and
         // thread.deallocatedp.
@@ -207,10 +207,10 @@ pub(crate) fn rearm(slack: u64) -> Lazy {
             s.allocated_base.set(read(allocated));
             s.freed_base.set(read(freed));
         }
-        s.lazy.set(true);
+        s.set_lazy(true);
     } else if was && !want {
         let unseen = take(s);
-        s.lazy.set(false);
+        s.set_lazy(false);
         return Lazy { unseen, ..Lazy::default() };
     }
     match want {
@@ -228,7 +228,7 @@ pub(crate) fn rearm(slack: u64) -> Lazy {
 #[inline(always)]
 pub(crate) fn guarded<R>(s: &Slot, call: impl FnOnce() -> R) -> R {
     let total = s.deallocated.get();
-    if !s.lazy.get() || total.is_null() {
+    if !s.lazy() || total.is_null() {
         return call();
     }
     // SAFETY: non-null here, so this thread's thread.deallocatedp.
@@ -242,7 +242,7 @@ pub(crate) fn guarded<R>(s: &Slot, call: impl FnOnce() -> R) -> R {
 /// `total` is the calling thread's `thread.deallocatedp` (non-null).
 #[inline(always)]
 pub(crate) unsafe fn measured<R>(s: &Slot, total: *const u64, call: impl FnOnce() -> R) -> (R, u64) {
-    if !s.lazy.get() {
+    if !s.lazy() {
         // SAFETY: this function's contract.
         let before = unsafe { read(total) };
         let r = call();

@@ -89,33 +89,48 @@ fn enomem() -> *mut c_void {
 /// call. Larger ones are charged before memory is taken.
 const CHARGE_AFTER_MAX: usize = 4096;
 
-/// `malloc`: under [`SMALL_MAX`] on a lazy thread, a tail call into jemalloc,
-/// charged in bulk later (`lazy.rs`); otherwise counted, out of line. No stack frame.
-#[inline(always)]
-fn alloc(n: size_t) -> *mut c_void {
-    if n < SMALL_MAX {
-        let s = slot();
-        if s.lazy.get() {
-            // SAFETY: plain jemalloc malloc.
-            return unsafe { jem::malloc(n) };
-        }
-        return alloc_small(n, s);
-    }
-    charge_first(n)
+/// Where the thread's [`Slot::lazy_below`] sits in its slot, for the entries below.
+const LAZY_BELOW: usize = std::mem::offset_of!(Slot, lazy_below);
+
+/// The code of `malloc`: under [`SMALL_MAX`] on a lazy thread, a jump into jemalloc,
+/// charged in bulk later (`lazy.rs`); otherwise counted, out of line
+/// ([`alloc_counted`]). Four instructions, every way out a direct jump, no stack
+/// frame. Written out because the compiler's version took seven and reached jemalloc
+/// through the GOT: it compared the size with [`SMALL_MAX`] and then tested the lazy
+/// flag, where one compare with [`Slot::lazy_below`] does both; it computed the
+/// slot's address (thread pointer plus the GOT's offset) to read one field of it,
+/// where the initial-exec sequence reads the field at the offset itself
+/// (`fs:[offset + field]`); and a call to a C function goes through the GOT unless
+/// the linker may relax the load, which Rust's relocations do not allow.
+macro_rules! malloc_code {
+    () => {
+        std::arch::naked_asm!(
+            "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
+            "cmp rdi, qword ptr fs:[rax + {lazy_below}]",
+            "jae {counted}",
+            "jmp {jemalloc}",
+            lazy_below = const LAZY_BELOW,
+            counted = sym alloc_counted,
+            jemalloc = sym jem::malloc,
+        )
+    };
 }
 
-/// A small `malloc` on a thread that is not lazy, charged before memory is taken,
-/// out of line so that the lazy `malloc` needs no frame (`extern "C"`, like the other
-/// cold exits of `malloc`, so that it cannot unwind: its caller needs no landing pad
-/// and reaches it by a jump; the slot's address comes along). The usable size is one
-/// table load, and only the call to jemalloc needs a stack frame (to keep the size
+/// A `malloc` that is not lazy: a big one ([`charge_first`]), or a small one on a
+/// thread that is not lazy, charged before memory is taken (`extern "C"`, like the
+/// other cold exits of `malloc`, so that it cannot unwind; `malloc` reaches it by a
+/// jump). The usable size of a small one is one table load, and only the call to jemalloc needs a stack frame (to keep the size
 /// for a refund if jemalloc fails): reading jemalloc's per-thread total before and
 /// after the call kept the thread's slot, the total's address and its old value
 /// across the call, three registers saved and restored per call. Every other way out
 /// is a tail call. The call to jemalloc needs no guard: only a slow path makes a
 /// thread lazy, and the charge leaves by [`missed`] for it.
 #[inline(never)]
-extern "C" fn alloc_small(n: size_t, s: &Slot) -> *mut c_void {
+extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
+    if n >= SMALL_MAX {
+        return charge_first(n);
+    }
+    let s = slot();
     let size = small_usable(n);
     if size != 0 {
         if !face::charge_or_miss(&s.local, size as u64) {
@@ -323,41 +338,43 @@ impl GiveBack {
     }
 }
 
-/// `free`: while the thread's frees are lazy, a tail call into jemalloc (which takes
-/// null too), credited in bulk later (`lazy.rs`); otherwise counted, out of line.
-/// Every way out is a jump: no stack frame.
-///
-/// # Safety
-/// `p` is null, or a live block of this allocator (from the malloc family or C++
-/// `new`) not given back since; it is not used after.
-#[inline(always)]
-unsafe fn release(p: *mut c_void) {
-    let s = slot();
-    if s.lazy.get() {
-        if !face::scopes_used() {
-            // SAFETY: `p` is null or a live jemalloc block, not used after (this
-            // function's contract).
-            return unsafe { jem::free(p) };
-        }
-        // SAFETY: this function's contract is free_guarded's; `s` is this thread's slot.
-        return unsafe { free_guarded(p, s) };
-    }
-    // SAFETY: this function's contract is free_counted's; `s` is this thread's slot.
-    unsafe { free_counted(p, s) }
+/// The code of `free`: while the thread's frees are lazy and no scope has begun, a
+/// jump into jemalloc (which takes null too), credited in bulk later (`lazy.rs`);
+/// otherwise counted, out of line. Six instructions, every way out a direct jump, no
+/// stack frame; written out for the reasons given at [`malloc_code`], which also
+/// made the test for scopes a load of the flag's address from the GOT, a load of the
+/// flag and a test where one compare reads it.
+macro_rules! free_code {
+    () => {
+        std::arch::naked_asm!(
+            "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
+            "cmp qword ptr fs:[rax + {lazy}], 0",
+            "je {counted}",
+            "cmp byte ptr [rip + {scopes}], 0",
+            "jne {guarded}",
+            "jmp {jemalloc}",
+            lazy = const LAZY_BELOW,
+            counted = sym free_counted,
+            scopes = sym face::SCOPES_USED,
+            guarded = sym free_guarded,
+            jemalloc = sym jem::free,
+        )
+    };
 }
 
 /// `free` on a thread whose frees are not lazy, out of line so that the lazy `free`
 /// needs no stack frame: its caller reaches it by a jump (`extern "C"`, so it cannot
-/// unwind and the caller needs no landing pad; the slot's address comes along).
+/// unwind and the caller needs no landing pad).
 ///
 /// # Safety
-/// `s` is the calling thread's slot, whose frees are not lazy; `p` is null, or a live
-/// block of this allocator (from the malloc family or C++ `new`) not given back since;
-/// it is not used after.
+/// The calling thread's frees are not lazy; `p` is null, or a live block of this
+/// allocator (from the malloc family or C++ `new`) not given back since; it is not
+/// used after.
 #[inline(never)]
-unsafe extern "C" fn free_counted(p: *mut c_void, s: &Slot) {
-    // SAFETY: this function's contract is release_counted's for `free`.
-    unsafe { release_counted::<false>(s, p, GiveBack::Free) }
+unsafe extern "C" fn free_counted(p: *mut c_void) {
+    // SAFETY: this function's contract is release_counted's for `free`; the slot is
+    // this thread's.
+    unsafe { release_counted::<false>(slot(), p, GiveBack::Free) }
 }
 
 /// `free` on a lazy thread once a scope has begun (it turns lazy frees off at its next
@@ -367,9 +384,10 @@ unsafe extern "C" fn free_counted(p: *mut c_void, s: &Slot) {
 /// As [`free_counted`], for a thread whose frees are lazy.
 #[cold]
 #[inline(never)]
-unsafe extern "C" fn free_guarded(p: *mut c_void, s: &Slot) {
-    // SAFETY: this function's contract is release_counted's for `free`.
-    unsafe { release_counted::<true>(s, p, GiveBack::Free) }
+unsafe extern "C" fn free_guarded(p: *mut c_void) {
+    // SAFETY: this function's contract is release_counted's for `free`; the slot is
+    // this thread's.
+    unsafe { release_counted::<true>(slot(), p, GiveBack::Free) }
 }
 
 /// Gives a block back `how`: lazily like [`release`]'s `free`, or counted.
@@ -384,7 +402,7 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         return;
     }
     let s = slot();
-    if !s.lazy.get() {
+    if !s.lazy() {
         // SAFETY: this function's contract is release_counted's; `s` is this thread's
         // slot, whose frees are not lazy.
         return unsafe { release_counted::<false>(s, p, how) };
@@ -453,7 +471,8 @@ unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveB
 /// stays live), `p` is given back and not used after.
 unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     if p.is_null() {
-        return alloc(n);
+        // SAFETY: no precondition.
+        return unsafe { alloc(n) };
     }
     if n == 0 {
         // SAFETY: `p` is non-null here, so a live block of this allocator (this
@@ -606,62 +625,92 @@ macro_rules! export {
     )*};
 }
 
-export! {
+/// The entries whose whole body is [`malloc_code`] or [`free_code`]: each its own
+/// copy, so that a call reaches jemalloc with no jump of memquota's between, and
+/// each at the start of a 64-byte line. Where they start in a line moved the
+/// small-object benchmark by 7-15% at the same instruction count (docs/benchmarks.md,
+/// "Code placement"), and function alignment (`.cargo/config.toml`) does not reach
+/// code written in assembly: each entry's section holds the alignment beside the
+/// code, which sits at the section's start. `tests/preload.rs` checks where they
+/// start.
+macro_rules! naked_entries {
+    ($( $(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $code:ident; )*) => {$(
+        $(#[$attr])*
+        #[unsafe(naked)]
+        #[link_section = concat!(".text.memquota.", stringify!($name))]
+        $vis unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            $code!()
+        }
+        std::arch::global_asm!(concat!(
+            ".pushsection .text.memquota.", stringify!($name), ",\"ax\",@progbits\n",
+            ".balign 64\n",
+            ".popsection",
+        ));
+    )*};
+}
+
+naked_entries! {
+    /// `malloc` for the library's own callers.
+    ///
+    /// # Safety
+    /// None for the call. The block goes back only to this allocator.
+    pub(crate) fn alloc(_n: size_t) -> *mut c_void = malloc_code;
+    /// `free` for the library's own callers.
+    ///
+    /// # Safety
+    /// `p` is null, or a live block of this allocator (from the malloc family or C++
+    /// `new`) not given back since; it is not used after.
+    pub(crate) fn release(_p: *mut c_void) = free_code;
     /// C's `malloc`.
     ///
     /// # Safety
     /// None for the call. The block goes back only to this allocator.
-    fn malloc(n: size_t) -> *mut c_void = alloc(n);
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn malloc(_n: size_t) -> *mut c_void = malloc_code;
     /// glibc's internal `malloc`.
     ///
     /// # Safety
     /// None for the call. The block goes back only to this allocator.
-    fn __libc_malloc(n: size_t) -> *mut c_void = alloc(n);
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn __libc_malloc(_n: size_t) -> *mut c_void = malloc_code;
     /// C's `free`.
     ///
     /// # Safety
     /// `p` is null, or a live block of this allocator not given back since; it is not
     /// used after.
-    fn free(p: *mut c_void) -> () = {
-        // SAFETY: free's contract is release's.
-        unsafe { release(p) }
-    };
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn free(_p: *mut c_void) = free_code;
     /// The old name of `free`.
     ///
     /// # Safety
     /// As `free`: `p` is null, or a live block of this allocator not given back since;
     /// it is not used after.
-    fn cfree(p: *mut c_void) -> () = {
-        // SAFETY: cfree's contract is release's.
-        unsafe { release(p) }
-    };
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn cfree(_p: *mut c_void) = free_code;
     /// glibc's internal `free`.
     ///
     /// # Safety
     /// As `free`: `p` is null, or a live block of this allocator not given back since;
     /// it is not used after.
-    fn __libc_free(p: *mut c_void) -> () = {
-        // SAFETY: __libc_free's contract is release's.
-        unsafe { release(p) }
-    };
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn __libc_free(_p: *mut c_void) = free_code;
     /// C23: the size is a hint; the real size comes from jemalloc.
     ///
     /// # Safety
     /// `p` is null, or a live block of this allocator not given back since; it is not
     /// used after. The size is not relied on.
-    fn free_sized(p: *mut c_void, _size: size_t) -> () = {
-        // SAFETY: free_sized's contract on `p` is release's.
-        unsafe { release(p) }
-    };
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn free_sized(_p: *mut c_void, _size: size_t) = free_code;
     /// C23: as `free_sized`.
     ///
     /// # Safety
     /// `p` is null, or a live block of this allocator not given back since; it is not
     /// used after. The size and alignment are not relied on.
-    fn free_aligned_sized(p: *mut c_void, _align: size_t, _size: size_t) -> () = {
-        // SAFETY: free_aligned_sized's contract on `p` is release's.
-        unsafe { release(p) }
-    };
+    #[cfg_attr(not(test), no_mangle)]
+    pub fn free_aligned_sized(_p: *mut c_void, _align: size_t, _size: size_t) = free_code;
+}
+
+export! {
     /// C's `calloc`.
     ///
     /// # Safety
@@ -861,7 +910,8 @@ unsafe fn aligned_into(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int
 pub(crate) fn cxx_alloc(n: size_t, align: Option<size_t>) -> *mut c_void {
     match align {
         Some(a) if a > 16 => alloc_aligned(a, n),
-        _ => alloc(n),
+        // SAFETY: no precondition.
+        _ => unsafe { alloc(n) },
     }
 }
 

@@ -7,6 +7,7 @@
 //! allocation, valid from the thread's first instruction to its last. The exit flush
 //! is a pthread key destructor, which runs before the thread's TLS goes away.
 
+use crate::size_class::SMALL_MAX;
 use memquota_core::face::{self, Face, Local};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
@@ -24,9 +25,11 @@ pub(crate) struct Slot {
     /// The block `free` is giving back, for its slow path's owner lookup (a store
     /// costs the fast path less than keeping the pointer live across the call).
     pub(crate) freeing: Cell<*mut libc::c_void>,
-    /// Frees and small mallocs are tail calls into jemalloc, counted in bulk
-    /// (`lazy.rs`).
-    pub(crate) lazy: Cell<bool>,
+    /// While the thread is lazy (`lazy.rs`: frees and small mallocs are tail calls
+    /// into jemalloc, counted in bulk), [`SMALL_MAX`]: `malloc` of fewer bytes is
+    /// lazy, so one compare of the size against it tells a lazy `malloc`. Else 0.
+    /// Read through [`Slot::lazy`], written through [`Slot::set_lazy`].
+    pub(crate) lazy_below: Cell<u64>,
     /// jemalloc's per-thread hook has fired on this thread, so it fires again.
     pub(crate) armed: Cell<bool>,
     /// Inside a jemalloc call whose bytes its caller counts itself.
@@ -45,6 +48,18 @@ pub(crate) struct Slot {
 
 /// Retry blocks nest at most this deep on one thread (`MEMQUOTA_RETRY_MAX_DEPTH` in
 /// memquota.h).
+impl Slot {
+    /// Whether the thread is lazy (`lazy.rs`).
+    pub(crate) fn lazy(&self) -> bool {
+        self.lazy_below.get() != 0
+    }
+
+    /// Turns the thread lazy, or not.
+    pub(crate) fn set_lazy(&self, on: bool) {
+        self.lazy_below.set(if on { SMALL_MAX as u64 } else { 0 });
+    }
+}
+
 pub(crate) const RETRY_MAX_DEPTH: usize = 16;
 
 /// A thread's nested retry blocks: for each, the scope the thread was attached to

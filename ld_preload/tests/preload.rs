@@ -125,6 +125,33 @@ fn exports() -> BTreeSet<String> {
         .collect()
 }
 
+/// Where each exported function starts, by name.
+fn entry_addresses() -> std::collections::BTreeMap<String, u64> {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().unwrap();
+    assert_ok(&out, "nm");
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (at, kind, name) = (f.next()?, f.next()?, f.next()?);
+            (kind == "T").then(|| (name.to_owned(), u64::from_str_radix(at, 16).unwrap()))
+        })
+        .collect()
+}
+
+/// Where `malloc` and `free` start in a cache line moved the small-object benchmark
+/// by 7-15% at the same instruction count (docs/benchmarks.md, "Code placement").
+/// Their assembly is placed by a section of its own per entry that memquota aligns
+/// (`malloc.rs`); this fails if a build puts the alignment and the code apart.
+#[test]
+fn malloc_and_free_start_on_a_cache_line() {
+    let at = entry_addresses();
+    for name in ["malloc", "free", "__libc_malloc", "__libc_free", "cfree"] {
+        let a = at[name];
+        assert_eq!(a % 64, 0, "{name} starts at {a:#x}, {} bytes into a 64-byte line", a % 64);
+    }
+}
+
 /// jemalloc's own API, as `libjemalloc.so.2` exports it.
 const JEMALLOC_API: [&str; 11] = [
     "mallocx",
