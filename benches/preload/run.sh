@@ -5,6 +5,8 @@
 # CHURN_CLOCK=cpu: time by CPU time instead of wall time (for a loaded machine).
 # MQ_BASE=/path/to/libmemquota.so: a fourth variant, another build of the preload
 # (for example the base commit's), in the same interleaved rounds.
+# CHURN_SCALE=N: N times the operations per run (default 1). Runs of tens of
+# milliseconds spread by 2x on some VMs; at 5 the medians settle.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-7}
@@ -13,14 +15,20 @@ bin=$(mktemp -d)/churn
 gcc -O2 -pthread benches/preload/churn.c -o "$bin"
 echo "glibc = no preload, jemalloc = $jemalloc, memquota = $mq (MEMQUOTA_LIMIT=16g)"
 echo "shared 2-core VM: absolute times are noise; read the ratios. $rounds rounds, medians."
-echo "clock: ${CHURN_CLOCK:-wall}${MQ_BASE:+; base = $MQ_BASE}"
-python3 - "$bin" "$jemalloc" "$mq" "$rounds" "${MQ_BASE:-}" <<'PY'
+echo "clock: ${CHURN_CLOCK:-wall}${MQ_BASE:+; base = $MQ_BASE}; operations x${CHURN_SCALE:-1}"
+python3 - "$bin" "$jemalloc" "$mq" "$rounds" "${MQ_BASE:-}" "${CHURN_SCALE:-1}" <<'PY'
 import statistics, subprocess, sys
 binary, jem, mq, rounds, base = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+try:
+    scale = float(sys.argv[6])
+except ValueError:
+    scale = 0
+if not scale > 0:
+    sys.exit(f"CHURN_SCALE must be a positive number, not {sys.argv[6]!r}")
 variants = {"glibc": {}, "jemalloc": {"LD_PRELOAD": jem}, "memquota": {"LD_PRELOAD": mq, "MEMQUOTA_LIMIT": "16g"}}
 if base:
     variants["base"] = {"LD_PRELOAD": base, "MEMQUOTA_LIMIT": "16g"}
-cases = [(w, t, ops) for w, ops in (("small", 4_000_000), ("mixed", 1_000_000), ("xthread", 2_000_000)) for t in (1, 2)]
+cases = [(w, t, int(ops * scale)) for w, ops in (("small", 4_000_000), ("mixed", 1_000_000), ("xthread", 2_000_000)) for t in (1, 2)]
 extra = f"{'base':>9}{'base/jem':>9}" if base else ""
 print(f"{'workload':<9}{'thr':>4}{'glibc':>9}{'jemalloc':>10}{'memquota':>10}{'mq/jem':>8}{'glibc/jem':>10}{'mq/jem rounds':>16}{extra}")
 worst = 0
@@ -30,7 +38,7 @@ for w, t, ops in cases:
     for r in range(rounds):
         order = list(variants)[r % n:] + list(variants)[:r % n]
         for v in order:
-            out = subprocess.run(["timeout", "120", "env", *[f"{k}={x}" for k, x in variants[v].items()], binary, str(t), str(ops), w],
+            out = subprocess.run(["timeout", "600", "env", *[f"{k}={x}" for k, x in variants[v].items()], binary, str(t), str(ops), w],
                                  capture_output=True, text=True, check=True)
             times[v].append(float(out.stdout))
     m = {v: statistics.median(x) for v, x in times.items()}
