@@ -1,9 +1,10 @@
-//! `free` and small `malloc` as tail calls into jemalloc, counted in bulk.
+//! `free`, small `malloc` and small `calloc` as tail calls into jemalloc, counted in
+//! bulk.
 //!
 //! A counted call reads jemalloc's per-thread total of bytes allocated or freed
 //! around its call into jemalloc, or looks the size up first, and needs a stack frame
-//! to keep what it read across the call. While a thread is *lazy*, `free` and
-//! `malloc` of under [`SMALL_MAX`] bytes only jump to jemalloc, and what they took and
+//! to keep what it read across the call. While a thread is *lazy*, `free`, and
+//! `malloc` and `calloc` of under [`SMALL_MAX`] bytes, only jump to jemalloc, and what they took and
 //! gave back is found later as the movement of those same totals since the thread
 //! last settled (`Slot::allocated_base`, `Slot::freed_base`):
 //!
@@ -15,7 +16,7 @@
 //!
 //! jemalloc fires the event on the call that crosses the interval, after it. So after
 //! every call a lazy thread's allocations not yet counted are under its *lead*, one
-//! interval plus the largest lazy `malloc` ([`lead`]), which the ledger keeps out of
+//! interval plus the largest lazy `malloc` or `calloc` ([`lead`]), which the ledger keeps out of
 //! the thread's room for charges: what it charged since its last flush plus what waits
 //! stays under its slack, and the account is never lower than the ledger's bound
 //! allows. Its frees not yet credited are under one interval (its *lag*, part of the
@@ -35,7 +36,7 @@
 //! What keeps the count exact:
 //!
 //! * Every other jemalloc call that moves a total is counted by its caller (a
-//!   `malloc` of a big block, `calloc`, aligned and `mallocx` blocks, `realloc`'s
+//!   `malloc` or `calloc` of a big block, aligned and `mallocx` blocks, `realloc`'s
 //!   blocks, `xallocx`, a counted free once a scope exists) or was never charged (a
 //!   refused `mallocx`'s block), or is the library's own (counted by `internal.rs`):
 //!   it runs in [`guarded`] or [`measured`], which add its movement to the bases; the
@@ -84,8 +85,8 @@ fn interval() -> u64 {
 }
 
 /// The most a lazy thread's allocations wait for their charge: jemalloc's event
-/// fires on the call that crosses the interval, and a lazy `malloc` takes at most
-/// [`SMALL_MAX`] usable bytes.
+/// fires on the call that crosses the interval, and a lazy `malloc` or `calloc`
+/// takes at most [`SMALL_MAX`] usable bytes.
 fn lead(interval: u64) -> u64 {
     interval + SMALL_MAX as u64
 }

@@ -588,7 +588,25 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     q
 }
 
+/// `calloc`: under [`SMALL_MAX`] bytes on a lazy thread, like `malloc`'s
+/// ([`malloc_code`]) a tail call into jemalloc, charged in bulk later (`lazy.rs`);
+/// otherwise counted, out of line. No stack frame.
+#[inline(always)]
 fn zeroed(count: size_t, size: size_t) -> *mut c_void {
+    if let Some(total) = count.checked_mul(size) {
+        if (total as u64) < slot().lazy_below.get() {
+            // SAFETY: plain jemalloc calloc of a product that does not overflow.
+            return unsafe { jem::calloc(count, size) };
+        }
+    }
+    zeroed_counted(count, size)
+}
+
+/// A `calloc` that is not lazy, charged before memory is taken (`extern "C"`, like
+/// the cold exits of `malloc`, so that it cannot unwind and `calloc` reaches it by a
+/// jump).
+#[inline(never)]
+extern "C" fn zeroed_counted(count: size_t, size: size_t) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else {
         return enomem();
     };

@@ -244,8 +244,8 @@ static pthread_t start_lazy(void *(*f)(void *), int warm, long long *base, long 
 static void *held[ALLOCS];
 static long long held_usable;
 
-/* Lazy, it allocates blocks under 4 KiB (tail calls, charged in bulk) and from 4 KiB
- * up (charged before they are taken) and holds them, stopping every LOOK_EVERY for
+/* Lazy, it allocates blocks under 4 KiB (tail calls, charged in bulk; malloc and, one
+ * in five, calloc) and from 4 KiB up (charged before they are taken) and holds them, stopping every LOOK_EVERY for
  * main to look; then it flushes; then it frees them all and exits without a flush. */
 static void *allocator(void *arg) {
     (void)arg;
@@ -255,7 +255,15 @@ static void *allocator(void *arg) {
     for (int i = 0; i < ALLOCS; i++) {
         unsigned long r = next(&s);
         size_t n = r % 5 == 0 ? 4096 + r % 20000 : 1 + r % 4095;
-        held[i] = malloc(n);
+        if (r % 5 == 1) { /* calloc, lazy too under 4 KiB: count x size = n */
+            size_t count = 1 + r % 3;
+            n = 1 + r % (4095 / count);
+            held[i] = calloc(count, n);
+            CHECK(held[i] != NULL);
+            for (size_t k = 0; k < count * n; k++) CHECK(((char *)held[i])[k] == 0);
+        } else {
+            held[i] = malloc(n);
+        }
         CHECK(held[i] != NULL);
         held_usable += malloc_usable_size(held[i]);
         if (i % LOOK_EVERY == LOOK_EVERY - 1) {
