@@ -480,6 +480,18 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         unsafe { release(p) }; // glibc: realloc(p, 0) frees p and returns NULL
         return null_mut();
     }
+    let s = slot();
+    if (n as u64) < s.lazy_below.get() && !face::scopes_used() {
+        // Under SMALL_MAX on a lazy thread, before any scope (as for `free`: an owner
+        // record must be found): counted in bulk (`lazy.rs`), with the hook put off
+        // until both totals have moved. Moved or in place, jemalloc adds the block's
+        // new usable size to the thread's total of allocated bytes and its old one to
+        // the freed total, so the new size waits within the lead, like a lazy
+        // `malloc`'s, and the old within the lag, like a lazy `free`'s.
+        // SAFETY: `p` is non-null here, so a live jemalloc block (this function's
+        // contract), n >= 1.
+        return lazy::deferred(s, || unsafe { jem::realloc(p, n) });
+    }
     // SAFETY: `p` is non-null and `n` non-zero here; the rest is this function's contract.
     unsafe { resize_by(p, n, Resize::Realloc) }
 }
