@@ -119,8 +119,8 @@ macro_rules! malloc_code {
 /// A `malloc` that is not lazy: a big one ([`charge_first`]), or a small one on a
 /// thread that is not lazy, charged before memory is taken (`extern "C"`, like the
 /// other cold exits of `malloc`, so that it cannot unwind; `malloc` reaches it by a
-/// jump). The usable size of a small one is one table load, and only the call to jemalloc needs a stack frame (to keep the size
-/// for a refund if jemalloc fails): reading jemalloc's per-thread total before and
+/// jump). The usable size of a small one is one table load, and only the call to
+/// jemalloc needs a stack frame (to keep the size for a refund if jemalloc fails): reading jemalloc's per-thread total before and
 /// after the call kept the thread's slot, the total's address and its old value
 /// across the call, three registers saved and restored per call. Every other way out
 /// is a tail call. The call to jemalloc needs no guard: only a slow path makes a
@@ -348,12 +348,12 @@ macro_rules! free_code {
     () => {
         std::arch::naked_asm!(
             "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
-            "cmp qword ptr fs:[rax + {lazy}], 0",
+            "cmp qword ptr fs:[rax + {lazy_below}], 0",
             "je {counted}",
             "cmp byte ptr [rip + {scopes}], 0",
             "jne {guarded}",
             "jmp {jemalloc}",
-            lazy = const LAZY_BELOW,
+            lazy_below = const LAZY_BELOW,
             counted = sym free_counted,
             scopes = sym face::SCOPES_USED,
             guarded = sym free_guarded,
