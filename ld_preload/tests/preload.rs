@@ -399,6 +399,15 @@ fn lazy_mallocs_are_counted_short_by_less_than_the_slack_and_flush_exactly() {
 /// Lazy threads mixing realloc (grow, shrink, move, to 0, of other threads' blocks),
 /// calloc and aligned blocks with their frees: exact once each flushes, and after they
 /// exit.
+/// Lazy reallocs that take the account past the limit (`lazy.c past`): jemalloc's
+/// `realloc` fires its allocated total's event before it adds the old size to the
+/// freed total; the hook that turns the thread eager there must not leave that old
+/// size uncounted. Exact after the flush and after the exit.
+#[test]
+fn lazy_reallocs_past_the_limit_are_exact() {
+    lazy("past");
+}
+
 #[test]
 fn lazy_frees_mixed_with_realloc_are_exact() {
     lazy("realloc");

@@ -6,7 +6,7 @@
  * (each lazy thread adds its lag, the interval, to memquota's error bound), then
  * checks the counts.
  *
- * lazy threads | mallocs | realloc | scopes | limit. Prints "ok MODE" at the end. */
+ * lazy threads | mallocs | realloc | past | scopes | limit. Prints "ok MODE" at the end. */
 #define _GNU_SOURCE
 #include "../../include/memquota.h"
 #include "sampler.h"
@@ -370,6 +370,52 @@ static void scopes(void) {
     CHECKV(native() == base, "native %lld, base %lld", native(), base);
 }
 
+/* ---- past: lazy reallocs that take the process past the limit --------------------- */
+
+/* jemalloc's realloc adds the new size to the allocated total, fires that total's
+ * event, then adds the old size to the freed total. Here every event fires inside a
+ * realloc, one of them takes the account past the limit and turns the thread eager:
+ * the old size its realloc frees must still be counted (memquota puts the hook off
+ * until the call returns). */
+#define GROWN 12000
+static void *grown[GROWN];
+static void *grower(void *arg) {
+    (void)arg;
+    for (int i = 0; i < GROWN; i++) CHECK((grown[i] = malloc(16)) != NULL);
+    become_lazy();
+    pthread_barrier_wait(&bar); /* 1: lazy, its blocks taken */
+    pthread_barrier_wait(&bar); /* 2: main has filled the budget */
+    for (size_t n = 500; n < 4096; n += 500)
+        for (int i = 0; i < GROWN; i++) CHECK((grown[i] = realloc(grown[i], n)) != NULL);
+    for (int i = 0; i < GROWN; i++) free(grown[i]);
+    memquota_flush();
+    pthread_barrier_wait(&bar); /* 3: freed, flushed */
+    pthread_barrier_wait(&bar); /* 4: main has looked */
+    return NULL;
+}
+
+static void past(void) {
+    long long base, bound0;
+    pthread_t th = start_lazy(grower, 1, &base, &bound0);
+    /* The budget full but for 16 MiB (untouched pages: no resident cost); the reallocs
+     * grow the thread's blocks by ~40 MiB. */
+    size_t fill = (1ll << 30) - (size_t)native() - (16 << 20);
+    void *big = malloc(fill);
+    CHECK(big != NULL);
+    long long overcommits = stat_of("overcommit_total");
+    pthread_barrier_wait(&bar); /* 2 */
+    pthread_barrier_wait(&bar); /* 3 */
+    /* The precondition: the reallocs took the account past the limit. */
+    CHECKV(stat_of("overcommit_total") > overcommits, "overcommits %lld, were %lld", stat_of("overcommit_total"),
+           overcommits);
+    free(big);
+    memquota_flush();
+    CHECKV(native() == base, "native %lld, base %lld", native(), base);
+    pthread_barrier_wait(&bar); /* 4 */
+    pthread_join(th, NULL);
+    CHECKV(native() == base, "native %lld, base %lld", native(), base);
+}
+
 /* ---- limit: a lowered limit ends lazy frees ---------------------------------------- */
 
 /* Lazy under 1g; once the limit is 128m (threshold 32 KiB, under twice the hook's
@@ -409,6 +455,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "threads")) threads();
     else if (!strcmp(argv[1], "mallocs")) mallocs();
     else if (!strcmp(argv[1], "realloc")) reallocs();
+    else if (!strcmp(argv[1], "past")) past();
     else if (!strcmp(argv[1], "scopes")) scopes();
     else if (!strcmp(argv[1], "limit")) limit();
     else return 4;
