@@ -18,14 +18,14 @@
 //!
 //! jemalloc fires the event on the call that crosses the interval, after it. So after
 //! every call a lazy thread's allocations not yet counted are under its *lead*, one
-//! interval plus the largest lazy `malloc` or `calloc` ([`lead`]), which the ledger keeps out of
-//! the thread's room for charges: what it charged since its last flush plus what waits
-//! stays under its slack, and the account is never lower than the ledger's bound
-//! allows. Its frees not yet credited are under one interval (its *lag*, part of the
-//! error bound on the side where the account is high), and nothing once it has
-//! flushed. The interval is half the threshold at load, so that the lead fits the
-//! slack with room for charges beside it; under 64 MiB limits ([`MIN_INTERVAL`])
-//! there is no hook and no lazy call.
+//! interval plus the largest lazy `malloc`, `calloc` or `realloc` ([`lead`]), which the
+//! ledger keeps out of the thread's room for charges: what it charged since its last
+//! flush plus what waits stays under its slack, and the account is never lower than the
+//! ledger's bound allows. Its frees not yet credited are under one interval (its *lag*,
+//! part of the error bound on the side where the account is high), and nothing once it
+//! has flushed. The interval is half the threshold at load, so that the lead fits the
+//! slack with room for charges beside it; under 64 MiB limits ([`MIN_INTERVAL`]) there is
+//! no hook and no lazy call.
 //!
 //! jemalloc postpones its event while the thread is inside the hook, or while its
 //! state is being set up or torn down. Calls made then wait for the next event or
@@ -39,13 +39,13 @@
 //!
 //! * Every other jemalloc call that moves a total is counted by its caller (a
 //!   `malloc`, `calloc` or `realloc` to a big block, aligned and `mallocx` blocks,
-//!   `rallocx`'s blocks, `xallocx`, a counted free once a scope exists) or was never charged (a
-//!   refused `mallocx`'s block), or is the library's own (counted by `internal.rs`):
-//!   it runs in [`guarded`] or [`measured`], which add its movement to the bases; the
-//!   hook, should it fire inside such a call, only notes that it did (`missed`), and
-//!   the bulk count follows once the caller has counted its own ([`catch_up`]). The
-//!   same guard keeps the hook's own slow path from moving the allocated total that
-//!   `mallocx` and `realloc` read around their calls.
+//!   `rallocx`'s blocks, `xallocx`, a counted free once a scope exists) or was never
+//!   charged (a refused `mallocx`'s block), or is the library's own (counted by
+//!   `internal.rs`): it runs in [`guarded`] or [`measured`], which add its movement to
+//!   the bases; the hook, should it fire inside such a call, only notes that it did
+//!   (`missed`), and the bulk count follows once the caller has counted its own
+//!   ([`catch_up`]). The same guard keeps the hook's own slow path from moving the
+//!   allocated total that `mallocx` and `realloc` read around their calls.
 //! * A block with an owner record (2 MiB and up, once a scope exists) must credit the
 //!   scope that owns it: no free is lazy once [`face::scopes_used`], which never goes
 //!   back, and no thread turns lazy after it. Until then no thread is attached to a
@@ -87,8 +87,8 @@ fn interval() -> u64 {
 }
 
 /// The most a lazy thread's allocations wait for their charge: jemalloc's event
-/// fires on the call that crosses the interval, and a lazy `malloc` or `calloc`
-/// takes at most [`SMALL_MAX`] usable bytes.
+/// fires on the call that crosses the interval, and a lazy `malloc`, `calloc` or
+/// `realloc` takes at most [`SMALL_MAX`] usable bytes.
 fn lead(interval: u64) -> u64 {
     interval + SMALL_MAX as u64
 }

@@ -116,15 +116,15 @@ macro_rules! malloc_code {
     };
 }
 
-/// A `malloc` that is not lazy: a big one ([`charge_first`]), or a small one on a
-/// thread that is not lazy, charged before memory is taken (`extern "C"`, like the
-/// other cold exits of `malloc`, so that it cannot unwind; `malloc` reaches it by a
-/// jump). The usable size of a small one is one table load, and only the call to
-/// jemalloc needs a stack frame (to keep the size for a refund if jemalloc fails): reading jemalloc's per-thread total before and
-/// after the call kept the thread's slot, the total's address and its old value
-/// across the call, three registers saved and restored per call. Every other way out
-/// is a tail call. The call to jemalloc needs no guard: only a slow path makes a
-/// thread lazy, and the charge leaves by [`missed`] for it.
+/// A `malloc` that is not lazy: a big one ([`charge_first`]), or a small one on a thread
+/// that is not lazy, charged before memory is taken (`extern "C"`, like the other cold
+/// exits of `malloc`, so that it cannot unwind; `malloc` reaches it by a jump). The
+/// usable size of a small one is one table load, and only the call to jemalloc needs a
+/// stack frame (to keep the size for a refund if jemalloc fails): reading jemalloc's
+/// per-thread total before and after the call kept the thread's slot, the total's address
+/// and its old value across the call, three registers saved and restored per call. Every
+/// other way out is a tail call. The call to jemalloc needs no guard: only a slow path
+/// makes a thread lazy, and the charge leaves by [`missed`] for it.
 #[inline(never)]
 extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
     if n >= SMALL_MAX {

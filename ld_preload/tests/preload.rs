@@ -112,17 +112,9 @@ fn probe(mode: &[&str], env: &[(&str, &str)]) -> Output {
     preloaded(&built().probe, mode, env)
 }
 
+/// The exported functions' names.
 fn exports() -> BTreeSet<String> {
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().unwrap();
-    assert_ok(&out, "nm");
-    text(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (_, kind, name) = (f.next()?, f.next()?, f.next()?);
-            (kind == "T").then(|| name.to_owned())
-        })
-        .collect()
+    entry_addresses().into_keys().collect()
 }
 
 /// Where each exported function starts, by name.
