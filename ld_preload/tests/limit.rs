@@ -202,19 +202,20 @@ fn judge(what: &str, run: &Run, e: Expect, max_sample: Option<u64>) {
     assert!(run.stderr.len() < 64 * KIB as usize, "{what}: {} bytes of stderr", run.stderr.len());
 }
 
-/// `users loop SIZE COUNT` at `limit` with `refuse_min` (None: the preload's default).
-fn malloc_loop(size_: u64, count: u64, limit: &str, refuse_min: Option<&str>) {
+/// `users loop SIZE COUNT HOW` at `limit` with `refuse_min` (None: the preload's
+/// default): blocks made by `malloc`, `calloc`, or `realloc` of a 16-byte block.
+fn alloc_loop(how: &str, size_: u64, count: u64, limit: &str, refuse_min: Option<&str>) {
     let mut env = vec![("MEMQUOTA_LIMIT", limit)];
     if let Some(r) = refuse_min {
         env.push(("MEMQUOTA_REFUSE_MIN", r));
     }
-    let run = preloaded(&built().users, &["loop", &size_.to_string(), &count.to_string()], &env, 60);
+    let run = preloaded(&built().users, &["loop", &size_.to_string(), &count.to_string(), how], &env, 60);
     let f = run.figures("granted");
     let limit_bytes = memquota_core::face::parse_size(limit).unwrap();
     let refuse = refuse_min.map_or(DEFAULT_REFUSE_MIN, |r| memquota_core::face::parse_size(r).unwrap());
     println!("  granted {} of {} asked", size(f["granted"] as u64), size(size_ * count));
     judge(
-        &format!("malloc({size_}) x {count} at {limit}, refuse_min {refuse}"),
+        &format!("{how}({size_}) x {count} at {limit}, refuse_min {refuse}"),
         &run,
         Expect {
             limit: limit_bytes,
@@ -229,14 +230,14 @@ fn malloc_loop(size_: u64, count: u64, limit: &str, refuse_min: Option<&str>) {
 
 #[test]
 fn malloc_256_in_a_loop_past_null_refuse_min_0_at_64m() {
-    malloc_loop(256, 2_000_000, "64m", Some("0"));
+    alloc_loop("malloc", 256, 2_000_000, "64m", Some("0"));
 }
 
 #[test]
 fn malloc_256_in_a_loop_past_null_default_refuse_min_at_64m() {
     // 256 B is under the default refuse_min: over-committed up to a sixteenth of the
     // limit, then refused.
-    malloc_loop(256, 2_000_000, "64m", None);
+    alloc_loop("malloc", 256, 2_000_000, "64m", None);
 }
 
 /// At 256 MiB (threshold 64 KiB) jemalloc's hook fires every 32 KiB, and a 256 B
@@ -246,18 +247,37 @@ fn malloc_256_in_a_loop_past_null_default_refuse_min_at_64m() {
 /// limit.
 #[test]
 fn lazy_malloc_256_in_a_loop_past_null_refuse_min_0_at_256m() {
-    malloc_loop(256, 4_000_000, "256m", Some("0"));
+    alloc_loop("malloc", 256, 4_000_000, "256m", Some("0"));
 }
 
 #[test]
 fn lazy_malloc_256_in_a_loop_past_null_default_refuse_min_at_256m() {
-    malloc_loop(256, 4_000_000, "256m", None);
+    alloc_loop("malloc", 256, 4_000_000, "256m", None);
+}
+
+/// Lazy `calloc` (under 4 KiB, a tail call into jemalloc) past NULL at 256 MiB: the
+/// same bound as `malloc`'s.
+#[test]
+fn lazy_calloc_256_in_a_loop_past_null_default_refuse_min_at_256m() {
+    alloc_loop("calloc", 256, 4_000_000, "256m", None);
+}
+
+/// Lazy `realloc` (a 16-byte block grown to 256 bytes: a plain jemalloc call counted
+/// in bulk once it returns) past NULL at 256 MiB, with every refusal a NULL.
+#[test]
+fn lazy_realloc_256_in_a_loop_past_null_refuse_min_0_at_256m() {
+    alloc_loop("realloc", 256, 4_000_000, "256m", Some("0"));
+}
+
+#[test]
+fn lazy_realloc_256_in_a_loop_past_null_default_refuse_min_at_256m() {
+    alloc_loop("realloc", 256, 4_000_000, "256m", None);
 }
 
 #[test]
 fn malloc_65536_in_a_loop_past_null_at_1g() {
     // At 1 GiB the per-thread threshold (256 KiB) is larger than the request.
-    malloc_loop(65536, 100_000, "1g", None);
+    alloc_loop("malloc", 65536, 100_000, "1g", None);
 }
 
 #[test]

@@ -1,7 +1,12 @@
 /* Programs that behave like those a user found: they keep allocating after malloc
  * returns NULL. Run under LD_PRELOAD=libmemquota.so by ld_preload/tests/limit.rs.
  *
- *   users loop SIZE COUNT     malloc(SIZE) COUNT times, keeping every block
+ *   users loop SIZE COUNT [HOW]
+ *                             malloc(SIZE) COUNT times, keeping every block; HOW
+ *                             calloc: calloc(1, SIZE) instead (checked zeroed);
+ *                             realloc: malloc(16) grown by realloc to SIZE (a
+ *                             block whose realloc was refused is grown again
+ *                             next time, so past the limit realloc is refused)
  *   users handler ROUNDS      a server at its budget whose out-of-memory handler
  *                             allocates (and so runs out of memory itself, and nests)
  *   users hammer THREADS MS   THREADS threads allocate 1 KiB - 1 MiB blocks for MS ms
@@ -62,17 +67,41 @@ static void monitor_end(void) {
 static void *volatile sink;
 
 /* ---- loop ---- */
-static void loop(size_t size, long count) {
+enum how { BY_MALLOC, BY_CALLOC, BY_REALLOC };
+
+/* One block of `size` bytes made `how`; NULL when refused (each refusal counted in
+ * `nulls`). */
+static void *one_block(size_t size, enum how how, unsigned long long *nulls) {
+    void *p;
+    if (how == BY_CALLOC) {
+        p = calloc(1, size);
+        if (p) CHECK(((unsigned char *)p)[0] == 0 && ((unsigned char *)p)[size - 1] == 0);
+    } else if (how == BY_REALLOC) {
+        static void *first; /* kept from a refused realloc, grown again next time */
+        if (!first && !(first = malloc(16))) {
+            CHECK(errno == ENOMEM);
+            ++*nulls;
+            return NULL;
+        }
+        p = realloc(first, size);
+        if (p) first = NULL;
+    } else {
+        p = malloc(size);
+    }
+    if (!p) {
+        CHECK(errno == ENOMEM);
+        ++*nulls;
+    }
+    return p;
+}
+
+static void loop(size_t size, long count, enum how how) {
     unsigned long long granted = 0, nulls = 0;
     monitor_start();
     double t0 = now_ms();
     for (long i = 0; i < count; i++) {
-        void *p = malloc(size);
-        if (!p) {
-            CHECK(errno == ENOMEM);
-            nulls++;
-            continue;
-        }
+        void *p = one_block(size, how, &nulls);
+        if (!p) continue;
         granted += size;
         sink = p; /* kept (leaked) on purpose, as the program that keeps going does */
     }
@@ -181,7 +210,12 @@ int main(int argc, char **argv) {
     CHECK(argc >= 3);
     CHECK(memquota_stats_json != NULL); /* the preload is really there */
     setvbuf(stdout, NULL, _IONBF, 0);
-    if (!strcmp(argv[1], "loop") && argc == 4) loop(strtoul(argv[2], NULL, 10), atol(argv[3]));
+    if (!strcmp(argv[1], "loop") && (argc == 4 || argc == 5)) {
+        const char *how = argc == 5 ? argv[4] : "malloc";
+        enum how h = !strcmp(how, "calloc") ? BY_CALLOC : !strcmp(how, "realloc") ? BY_REALLOC : BY_MALLOC;
+        if (h == BY_MALLOC && strcmp(how, "malloc")) return 4;
+        loop(strtoul(argv[2], NULL, 10), atol(argv[3]), h);
+    }
     else if (!strcmp(argv[1], "handler")) handler(atol(argv[2]));
     else if (!strcmp(argv[1], "hammer") && argc == 4) hammer(atoi(argv[2]), atoi(argv[3]));
     else return 4;
