@@ -110,7 +110,6 @@ pub mod face {
         retry_end_raw, scopes_used,
     };
     pub use crate::slow_path::{charge_slow, charge_taken, end_gate, flush_thread, make_room, record};
-    pub use crate::tables::pool::SCOPES_USED;
     pub use crate::tables::retry::Rollback;
     pub use crate::tables::{MAX_BUDGETS, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
     pub use crate::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};

@@ -10,6 +10,7 @@ use crate::tls::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
 use memquota_core::face;
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tikv_jemalloc_sys as jem;
 
 const PAGE: usize = 4096;
@@ -338,26 +339,35 @@ impl GiveBack {
     }
 }
 
-/// The code of `free`: while the thread's frees are lazy and no scope has begun, a
-/// jump into jemalloc (which takes null too), credited in bulk later (`lazy.rs`);
-/// otherwise counted, out of line. Six instructions, every way out a direct jump, no
-/// stack frame; written out for the reasons given at [`malloc_code`], which also
-/// made the test for scopes a load of the flag's address from the GOT, a load of the
-/// flag and a test where one compare reads it.
+/// Where a lazy thread's `free` goes: jemalloc's `free` (credited in bulk later,
+/// `lazy.rs`) until the first scope begins, [`free_guarded`] from then on
+/// ([`scopes_began`]). One indirect jump through it is the lazy `free`'s test for
+/// scopes: it replaced a compare of the scopes flag and a branch.
+static LAZY_FREE: AtomicPtr<()> = AtomicPtr::new(jem::free as *mut ());
+
+/// The face's [`Face::scopes_began`](face::Face::scopes_began): big blocks get owner
+/// records from now on, so a lazy `free` looks its block's owner up. Stored before
+/// the scope's handle is returned, so before any block it owns exists: a thread
+/// that frees such a block got it, and with it this store, from the thread that
+/// allocated it. A store of the same value on every later scope.
+pub(crate) fn scopes_began() {
+    LAZY_FREE.store(free_guarded as *mut (), Relaxed);
+}
+
+/// The code of `free`: while the thread's frees are lazy, a jump to [`LAZY_FREE`]
+/// (jemalloc, which takes null too, until a scope begins); otherwise counted, out of
+/// line. Four instructions, no stack frame; written out for the reasons given at
+/// [`malloc_code`].
 macro_rules! free_code {
     () => {
         std::arch::naked_asm!(
             "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
             "cmp qword ptr fs:[rax + {lazy_below}], 0",
             "je {counted}",
-            "cmp byte ptr [rip + {scopes}], 0",
-            "jne {guarded}",
-            "jmp {jemalloc}",
+            "jmp qword ptr [rip + {lazy_free}]",
             lazy_below = const LAZY_BELOW,
             counted = sym free_counted,
-            scopes = sym face::SCOPES_USED,
-            guarded = sym free_guarded,
-            jemalloc = sym jem::free,
+            lazy_free = sym LAZY_FREE,
         )
     };
 }

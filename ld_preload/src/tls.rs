@@ -157,6 +157,7 @@ pub(crate) static FACE: Face = Face {
     configure_from_env: false,
     unseen: crate::lazy::unseen,
     lazy: crate::lazy::rearm,
+    scopes_began: crate::malloc::scopes_began,
 };
 
 fn local_opt() -> Option<&'static Local> {

@@ -268,6 +268,10 @@ pub struct Face {
     /// that thread after each change, with its delta just taken (or, on its first
     /// visit, still zero).
     pub lazy: fn(slack: u64) -> Lazy,
+    /// A scope has begun: big blocks get owner records now, so a face whose calls
+    /// skip the owner lookup must stop skipping it. Called on the thread that begins
+    /// the scope, before its handle is returned, each time a scope begins.
+    pub scopes_began: fn(),
 }
 
 /// A face's answer to a new slack ([`Face::lazy`]).
@@ -296,6 +300,9 @@ pub(crate) fn nothing_unseen() -> i64 {
 pub(crate) fn never_lazy(_slack: u64) -> Lazy {
     Lazy::default()
 }
+
+/// The Rust face looks every big block's owner up (`QuotaAlloc::dealloc`'s slow path).
+pub(crate) fn no_skipped_lookups() {}
 
 /// Records a charge of `bytes` if the thread's allocations since its last flush stay
 /// under its slack (so an allocation at or above the threshold always goes to the
@@ -462,10 +469,14 @@ pub(crate) fn settle(l: &Local, face: &Face) -> i64 {
 /// Ends a slow path: takes the delta (what the thread's own callbacks allocated on
 /// the fast path meanwhile) and makes the thread tight if the account is past the
 /// ceiling (`over`), loose otherwise. The caller adds the result to the account.
+/// A thread whose tightness does not change keeps the slack its [`settle`] set (or a
+/// nested one, a reclaim's): taking the delta gives it back whole, and its face
+/// answers again at its next slow path.
 pub(crate) fn rearm(l: &Local, over: bool) -> i64 {
     let d = take_delta(l);
-    l.tight.set(over);
-    set_allowance(l, l.allowance.get());
+    if l.tight.replace(over) != over {
+        set_allowance(l, l.allowance.get());
+    }
     tables::attribute(l.scope.get(), d)
 }
 

@@ -25,6 +25,7 @@ pub(crate) static RUST_FACE: Face = Face {
     configure_from_env: true,
     unseen: super::nothing_unseen,
     lazy: super::never_lazy,
+    scopes_began: super::no_skipped_lookups,
 };
 
 /// The calling thread's state.

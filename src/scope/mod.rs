@@ -253,7 +253,10 @@ impl MemoryManager {
 /// # Errors
 /// [`Error::TooManyScopes`].
 pub fn begin_raw(name: &str, id: u64, priority: i32) -> Result<u64> {
-    POOL.lock().begin(name, id, priority).ok_or(Error::TooManyScopes)
+    let handle = POOL.lock().begin(name, id, priority).ok_or(Error::TooManyScopes)?;
+    // Before the handle is out, so before any block the scope owns exists.
+    (ledger::face().scopes_began)();
+    Ok(handle)
 }
 
 /// Ends a scope: what it still holds goes to the process account (reported as a

@@ -24,10 +24,10 @@ pub const MAX_SCOPES: usize = 256;
 pub const MAX_CONSUMERS: usize = 1024;
 const NAME: usize = 48;
 
-/// Set by the first scope: from then on big blocks get owner records. Public for a
-/// face whose `free` is written in assembly and reads it in one compare (the
-/// preload's); everything else reads it through [`crate::scope::scopes_used`].
-pub static SCOPES_USED: AtomicBool = AtomicBool::new(false);
+/// Set by the first scope: from then on big blocks get owner records. Read through
+/// [`crate::scope::scopes_used`]; the face hears of it from [`crate::scope::begin_raw`]
+/// ([`Face::scopes_began`](crate::ledger::Face::scopes_began)).
+pub(crate) static SCOPES_USED: AtomicBool = AtomicBool::new(false);
 /// Scopes begun so far, readable without the lock (the OOM report's flood control
 /// tells a new scope from a repeat).
 pub(crate) static BEGUN: AtomicU64 = AtomicU64::new(0);
