@@ -26,7 +26,7 @@ ops_of = {"small": 4_000_000, "mixed": 1_000_000, "xthread": 2_000_000}
 workloads, threads = sys.argv[7].split(), sys.argv[8].split()
 if not workloads or any(w not in ops_of for w in workloads):
     sys.exit(f"CHURN_WORKLOADS must name some of {' '.join(ops_of)}, not {sys.argv[7]!r}")
-if not threads or any(not t.isdigit() or int(t) < 1 for t in threads):
+if not threads or any(not (t.isascii() and t.isdigit()) or int(t) < 1 for t in threads):
     sys.exit(f"CHURN_THREADS must be thread counts of 1 or more, not {sys.argv[8]!r}")
 try:
     scale = float(sys.argv[6])

@@ -347,11 +347,14 @@ static LAZY_FREE: AtomicPtr<()> = AtomicPtr::new(jem::free as *mut ());
 
 /// The face's [`Face::scopes_began`](face::Face::scopes_began): big blocks get owner
 /// records from now on, so a lazy `free` looks its block's owner up. Stored before
-/// the scope's handle is returned, so before any block it owns exists: a thread
-/// that frees such a block got it, and with it this store, from the thread that
-/// allocated it. A store of the same value on every later scope.
+/// the scopes flag (Release), so a thread that writes a record (after reading the
+/// flag true, Acquire) has seen it, and so has the thread that frees the block, which
+/// got it from the writer. Stored once: every `free` reads this line.
 pub(crate) fn scopes_began() {
-    LAZY_FREE.store(free_guarded as *mut (), Relaxed);
+    let guarded = free_guarded as *mut ();
+    if LAZY_FREE.load(Relaxed) != guarded {
+        LAZY_FREE.store(guarded, Relaxed);
+    }
 }
 
 /// The code of `free`: while the thread's frees are lazy, a jump to [`LAZY_FREE`]

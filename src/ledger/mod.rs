@@ -268,9 +268,10 @@ pub struct Face {
     /// that thread after each change, with its delta just taken (or, on its first
     /// visit, still zero).
     pub lazy: fn(slack: u64) -> Lazy,
-    /// A scope has begun: big blocks get owner records now, so a face whose calls
-    /// skip the owner lookup must stop skipping it. Called on the thread that begins
-    /// the scope, before its handle is returned, each time a scope begins.
+    /// A scope is beginning: big blocks get owner records from the moment
+    /// [`crate::scope::scopes_used`] reads true, so a face whose calls skip the owner
+    /// lookup must stop skipping it now. Called on the thread that begins the scope,
+    /// each time one begins, before the scopes flag is set.
     pub scopes_began: fn(),
 }
 

@@ -35,7 +35,7 @@ use crate::ledger::{self, Face, ACCOUNT};
 use crate::tables::pool::{Ask, POOL};
 use crate::tables::retry::Rollback;
 use crate::tables::{attribute, owner, signal, OWNED_MIN};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
 
 /// A charge of `bytes` on a thread attached to `handle`, from `charge_slow` (busy).
@@ -105,10 +105,11 @@ pub(crate) unsafe fn after_fork(child: bool) {
 /// owner records, so a face must look for one when such a block is freed. Never goes
 /// back to false. A free of a block with a record reads true here whenever the block
 /// reached the freeing thread by a synchronising hand-over: the record was written
-/// after its writer read true.
+/// after its writer read true. Acquire (a plain load on x86): whoever reads true has
+/// also seen the face told, [`begin_raw`]'s `scopes_began` before the flag's store.
 #[inline(always)]
 pub fn scopes_used() -> bool {
-    crate::tables::pool::SCOPES_USED.load(Relaxed)
+    crate::tables::pool::SCOPES_USED.load(Acquire)
 }
 
 /// After a block of `size` bytes at `ptr` was allocated through the slow path: gives
@@ -253,10 +254,11 @@ impl MemoryManager {
 /// # Errors
 /// [`Error::TooManyScopes`].
 pub fn begin_raw(name: &str, id: u64, priority: i32) -> Result<u64> {
-    let handle = POOL.lock().begin(name, id, priority).ok_or(Error::TooManyScopes)?;
-    // Before the handle is out, so before any block the scope owns exists.
+    // Before the flag's store (Release, in `begin`): a thread that reads the flag
+    // true, and writes owner records from then on, has seen the face told, and so has
+    // any thread its blocks reach.
     (ledger::face().scopes_began)();
-    Ok(handle)
+    POOL.lock().begin(name, id, priority).ok_or(Error::TooManyScopes)
 }
 
 /// Ends a scope: what it still holds goes to the process account (reported as a

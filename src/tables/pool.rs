@@ -16,7 +16,10 @@ use super::budget::{self, Entry, FIRST_INDEX, MAX_BUDGETS};
 use super::spin::SpinLock;
 use crate::text::SignedSize;
 use std::fmt::{self, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{Relaxed, Release},
+};
 
 /// Scopes alive at once.
 pub const MAX_SCOPES: usize = 256;
@@ -25,8 +28,8 @@ pub const MAX_CONSUMERS: usize = 1024;
 const NAME: usize = 48;
 
 /// Set by the first scope: from then on big blocks get owner records. Read through
-/// [`crate::scope::scopes_used`]; the face hears of it from [`crate::scope::begin_raw`]
-/// ([`Face::scopes_began`](crate::ledger::Face::scopes_began)).
+/// [`crate::scope::scopes_used`]; the face hears of it first, from
+/// [`crate::scope::begin_raw`] ([`Face::scopes_began`](crate::ledger::Face::scopes_began)).
 pub(crate) static SCOPES_USED: AtomicBool = AtomicBool::new(false);
 /// Scopes begun so far, readable without the lock (the OOM report's flood control
 /// tells a new scope from a repeat).
@@ -441,7 +444,7 @@ impl Pool {
         self.competing[Among::Begun as usize] += 1; // begun, not started: not busy
         self.totals.begun += 1;
         BEGUN.fetch_add(1, Relaxed);
-        SCOPES_USED.store(true, Relaxed);
+        SCOPES_USED.store(true, Release);
         Some(key(gen, i))
     }
 

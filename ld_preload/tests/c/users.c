@@ -73,9 +73,10 @@ enum how { BY_MALLOC, BY_CALLOC, BY_REALLOC };
  * `nulls`). */
 static void *one_block(size_t size, enum how how, unsigned long long *nulls) {
     void *p;
+    errno = 0; /* so that the ENOMEM checked below is this call's */
     if (how == BY_CALLOC) {
         p = calloc(1, size);
-        if (p) CHECK(((unsigned char *)p)[0] == 0 && ((unsigned char *)p)[size - 1] == 0);
+        if (p && size > 0) CHECK(((unsigned char *)p)[0] == 0 && ((unsigned char *)p)[size - 1] == 0);
     } else if (how == BY_REALLOC) {
         static void *first; /* kept from a refused realloc, grown again next time */
         if (!first && !(first = malloc(16))) {
@@ -83,6 +84,7 @@ static void *one_block(size_t size, enum how how, unsigned long long *nulls) {
             ++*nulls;
             return NULL;
         }
+        errno = 0;
         p = realloc(first, size);
         if (p) first = NULL;
     } else {
