@@ -82,9 +82,49 @@ pub fn peak_rss() -> u64 {
     number(&text[at..]).saturating_mul(1024)
 }
 
+/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`'s
+/// `starttime`), if it is running: `None` when there is no such process or it has
+/// exited and waits to be reaped (a zombie). With the pid, this names one process
+/// for as long as the machine runs, even after the pid is reused. No allocation.
+pub fn running_since(pid: u32) -> Option<u64> {
+    let mut path = [0u8; 32];
+    let mut w = crate::text::SliceWriter::new(&mut path);
+    std::fmt::Write::write_fmt(&mut w, format_args!("/proc/{pid}/stat\0")).ok()?;
+    let path = std::ffi::CStr::from_bytes_until_nul(&path).ok()?;
+    let mut buf = [0u8; 1024];
+    let n = read_proc(path, &mut buf);
+    // "pid (comm) state ppid ...": the name may hold spaces and parentheses, so the
+    // fields are counted from the last ')'. starttime is the 22nd field, the 20th
+    // after the name.
+    let after = &buf[buf[..n].iter().rposition(|&b| b == b')')? + 1..n];
+    let mut fields = after.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    if matches!(fields.next()?, b"Z" | b"X") {
+        return None;
+    }
+    let start = fields.nth(18)?;
+    start.iter().all(u8::is_ascii_digit).then(|| number(start))
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_since_knows_running_processes_from_exited_ones() {
+        let own = running_since(std::process::id()).expect("this process runs");
+        assert!(own > 0);
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Waits for the exit without reaping: the child stays a zombie until wait().
+        // SAFETY: siginfo_t is plain old data; waitid writes it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child, with a valid out-pointer.
+        let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        assert_eq!(r, 0);
+        assert_eq!(running_since(pid), None, "a zombie is not running");
+        child.wait().unwrap();
+        assert_eq!(running_since(0), None);
+    }
 
     #[test]
     fn rss_is_plausible() {

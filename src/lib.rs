@@ -96,7 +96,9 @@ pub mod face {
     pub use crate::control::adopt;
     pub use crate::endpoint::DEFAULT_METRICS_ADDR;
     pub use crate::export::metric;
-    pub use crate::host::{anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss};
+    pub use crate::host::{
+        anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss, running_since,
+    };
     pub use crate::ledger::{
         charge_or_miss, enter, record_in_bulk, spawn_service, thread_exit, try_charge, try_credit,
         undo_charge, Busy, Face, Lazy, Local,

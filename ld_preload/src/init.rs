@@ -5,7 +5,6 @@
 use crate::exit_report::{self, Report};
 use crate::tls::FACE;
 use memquota_core::{face, Config, Stats};
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 use std::time::Duration;
 
@@ -101,6 +100,7 @@ extern "C" fn on_load() {
 
 /// Writes the stats to `path` every interval and at exit (replacing any earlier path).
 pub(crate) fn write_stats_to(path: String) {
+    crate::stats_file::started();
     STATS_PATH.store(Box::into_raw(Box::new(path)), Release);
     register_at_exit();
     if WRITER_STARTED.swap(true, AcqRel) {
@@ -148,21 +148,15 @@ fn parse_interval(v: &str) -> Option<Duration> {
     face::parse_duration(v).filter(|d| *d >= face::MIN_STATS_INTERVAL)
 }
 
-/// Writes the Prometheus text to the stats file atomically: a temporary file, then a
-/// rename.
+/// Writes the Prometheus text to the stats file (`stats_file.rs`).
 fn write_stats_file() {
     // SAFETY: STATS_PATH holds null or a `Box::into_raw` pointer that is never freed.
     let Some(path) = (unsafe { STATS_PATH.load(Acquire).as_ref() }) else { return };
     face::flush_thread(&FACE);
+    let stats = memquota_core::stats();
     let mut text = String::with_capacity(4096);
-    let _ = memquota_core::write_prometheus(&mut text, &memquota_core::stats());
-    let tmp = format!("{path}.tmp.{}", std::process::id());
-    let ok = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
-    if ok.is_ok() {
-        let _ = std::fs::rename(&tmp, path);
-    } else {
-        let _ = std::fs::remove_file(&tmp);
-    }
+    let _ = memquota_core::write_prometheus(&mut text, &stats);
+    crate::stats_file::write(path, &text, stats.process_rss_peak);
 }
 
 extern "C" fn at_exit() {

@@ -30,4 +30,5 @@ mod lazy;
 pub mod malloc;
 mod malloc_conf;
 mod size_class;
+mod stats_file;
 mod tls;

@@ -504,6 +504,38 @@ fn stats_file_and_exit_report() {
     let _ = std::fs::remove_file(file);
 }
 
+#[test]
+fn a_smaller_process_leaves_the_stats_file_of_a_bigger_one() {
+    let file = std::env::temp_dir().join(format!("memquota-stats-owner-{}.prom", std::process::id()));
+    let env = [("MEMQUOTA_STATS_FILE", file.to_str().unwrap()), ("MEMQUOTA_LIMIT", "2g")];
+    // This test process plays the bigger one (Spark's executor, say): it runs, and its
+    // peak RSS is far above what `true` reaches.
+    let me = std::process::id();
+    let start = memquota_core::face::running_since(me).unwrap();
+    let by = |start: u64, rss_peak: u64| {
+        format!("# memquota writer pid={me} start={start} rss_peak={rss_peak}\nmemquota_limit_bytes 1\n")
+    };
+    let run_true = |before: &str| {
+        std::fs::write(&file, before).unwrap();
+        assert_ok(&preloaded(Path::new("true"), &[], &env), "true");
+        std::fs::read_to_string(&file).unwrap()
+    };
+    let bigger = by(start, 1 << 40);
+    assert_eq!(run_true(&bigger), bigger, "a smaller child replaced a bigger process's figures");
+    // Replaced: the bigger writer is gone (another process had this pid) and wrote
+    // before `true` started, or it is the smaller one.
+    for before in [by(start + 1, 1 << 40), by(start, 1)] {
+        let after = run_true(&before);
+        let first = after.lines().next().unwrap();
+        assert!(
+            first.starts_with("# memquota writer pid=") && !first.contains(&format!("pid={me} ")),
+            "{after}"
+        );
+        assert_eq!(Metrics::parse(&after).get("memquota_limit_bytes"), (2u64 << 30) as f64, "{after}");
+    }
+    let _ = std::fs::remove_file(file);
+}
+
 /// The pids of the exit summaries in `stderr`, in order.
 fn summaries(stderr: &str) -> Vec<u32> {
     stderr

@@ -86,8 +86,8 @@ fn driver_budget(limit: &str, stats: &Path) -> (Vec<String>, Vec<(&'static str, 
         let opts = format!("limit={limit},heap=committed,stats_file={}", stats.display());
         (vec!["--agent-options".into(), opts], vec![])
     } else {
-        // Every preloaded process writes this file (the launcher JVM, shells): the
-        // driver JVM exits last, so its exit write is what stays.
+        // Every preloaded process writes this file (the launcher JVM, shells) unless
+        // a bigger one wrote it: the driver JVM's figures are what stays.
         (
             vec![],
             vec![("MEMQUOTA_LIMIT", limit.to_owned()), ("MEMQUOTA_STATS_FILE", stats.display().to_string())],
@@ -267,9 +267,10 @@ fn executors_launched_by_spark_get_the_budget_through_executor_env() {
     let (out, stats_file) = run_cluster("cluster", ENOUGH);
     assert!(out.status.success(), "{}", show(&out));
     assert!(text(&out.stdout).contains(&format!("{PREFIX} OK rows=")), "{}", show(&out));
-    // The driver is not preloaded: this file can only be the executor's. The worker
-    // stops the executor (its exit write) before the driver's stop() returns, and the
-    // executor rewrote the file every second while it ran.
+    // The driver is not preloaded: this file is the executor's. The executor rewrote
+    // it every second while it ran; the small processes it starts (the `rm -rf` of
+    // its shutdown hook, which may still run when the driver's stop() returns) leave
+    // it to the bigger executor.
     let stats = Stats::read(&stats_file, &out);
     let _ = std::fs::remove_dir_all(stats_file.parent().unwrap());
     stats.assert_from_a_jvm(ENOUGH);

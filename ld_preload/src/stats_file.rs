@@ -1,0 +1,146 @@
+//! The stats file (`MEMQUOTA_STATS_FILE`, or the agent's `stats_file=`): Prometheus
+//! text, replaced atomically, that speaks for the biggest process of a run.
+//!
+//! Children inherit `MEMQUOTA_STATS_FILE` with `LD_PRELOAD`, and every preloaded
+//! process writes it. A small child must not replace the figures of the process
+//! that matters: Spark's executor deletes its directories with `rm -rf` from a
+//! shutdown hook, and that `rm`, preloaded too, wrote its own 4 MiB figures over
+//! the executor's while the executor was still exiting. So the file's first line
+//! names its writer (pid, start time, peak RSS), and a process leaves the file as it
+//! is when another process with a higher peak RSS wrote it and either still runs or
+//! wrote it after this process started. A file left by an earlier run is replaced.
+
+use std::io::{Read, Write};
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+use memquota_core::face;
+
+/// The first line's start: `# memquota writer pid=<pid> start=<ticks> rss_peak=<bytes>`.
+/// A comment to Prometheus parsers.
+const TAG: &str = "# memquota writer ";
+
+/// When this process started writing stats (set by the first write or path).
+static STARTED: OnceLock<SystemTime> = OnceLock::new();
+
+/// A process that wrote the file: its pid and start time (`host::running_since`)
+/// name it; its peak RSS says how big it got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Writer {
+    pid: u32,
+    start: u64,
+    rss_peak: u64,
+}
+
+impl Writer {
+    fn tag(&self) -> String {
+        format!("{TAG}pid={} start={} rss_peak={}\n", self.pid, self.start, self.rss_peak)
+    }
+
+    /// The writer a file's first line names, if it names one.
+    fn parse(first_line: &str) -> Option<Writer> {
+        let mut fields = first_line.strip_prefix(TAG)?.split(' ');
+        let mut value =
+            |key: &str| -> Option<u64> { fields.next()?.strip_prefix(key)?.strip_prefix('=')?.parse().ok() };
+        let pid = u32::try_from(value("pid")?).ok()?;
+        Some(Writer { pid, start: value("start")?, rss_peak: value("rss_peak")? })
+    }
+
+    fn is(&self, other: &Writer) -> bool {
+        self.pid == other.pid && self.start == other.start
+    }
+}
+
+/// Whether `me` leaves a file that `other` wrote: another process, bigger, that still
+/// runs or wrote after `me` started.
+fn yields(me: &Writer, other: &Writer, other_runs: bool, written_since_my_start: bool) -> bool {
+    !me.is(other) && other.rss_peak > me.rss_peak && (other_runs || written_since_my_start)
+}
+
+/// Marks when this process started writing stats; later calls keep the first time.
+pub(crate) fn started() {
+    STARTED.get_or_init(SystemTime::now);
+}
+
+/// Writes `text` (the Prometheus text of a snapshot whose peak RSS is `rss_peak`) to
+/// `path`, atomically (a temporary file, then a rename), unless the file speaks for a
+/// bigger process (see the module's comment). Errors are dropped: the stats file is a
+/// view, and the program runs on without it.
+pub(crate) fn write(path: &str, text: &str, rss_peak: u64) {
+    let pid = std::process::id();
+    let Some(start) = face::running_since(pid) else { return };
+    let me = Writer { pid, start, rss_peak };
+    if left_to_another(path, &me) {
+        return;
+    }
+    let tmp = format!("{path}.tmp.{pid}");
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(me.tag().as_bytes())?;
+        f.write_all(text.as_bytes())
+    });
+    if written.is_ok() {
+        let _ = std::fs::rename(&tmp, path);
+    } else {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Whether the file at `path` was written by a process `me` yields to.
+fn left_to_another(path: &str, me: &Writer) -> bool {
+    let Ok(mut file) = std::fs::File::open(path) else { return false };
+    let mut head = [0u8; 128];
+    let Ok(n) = file.read(&mut head) else { return false };
+    let Some(other) =
+        std::str::from_utf8(&head[..n]).ok().and_then(|h| h.lines().next()).and_then(Writer::parse)
+    else {
+        return false;
+    };
+    let since = STARTED.get_or_init(SystemTime::now);
+    let written_since = file.metadata().and_then(|m| m.modified()).is_ok_and(|at| at >= *since);
+    let runs = face::running_since(other.pid) == Some(other.start);
+    yields(me, &other, runs, written_since)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: Writer = Writer { pid: 10, start: 500, rss_peak: 4 << 20 };
+
+    #[test]
+    fn the_tag_reads_back() {
+        let w = Writer { pid: 4_000_000, start: u64::MAX, rss_peak: 123_456_789 };
+        assert_eq!(Writer::parse(w.tag().trim_end()), Some(w));
+        for bad in [
+            "",
+            "# HELP memquota_limit_bytes The hard limit",
+            "# memquota writer pid=1 start=2",
+            "# memquota writer pid=1 start=x rss_peak=3",
+            "# memquota writer start=2 pid=1 rss_peak=3",
+        ] {
+            assert_eq!(Writer::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_smaller_process_leaves_a_bigger_ones_file_while_it_runs_or_if_written_since() {
+        let big = Writer { pid: 11, start: 400, rss_peak: 900 << 20 };
+        assert!(yields(&ME, &big, true, false), "the bigger process still runs");
+        assert!(yields(&ME, &big, false, true), "it wrote after we started, and exited");
+        assert!(!yields(&ME, &big, false, false), "a file from an earlier run is replaced");
+    }
+
+    #[test]
+    fn a_process_replaces_its_own_file_a_smaller_ones_and_an_equal_ones() {
+        let small = Writer { pid: 11, start: 400, rss_peak: 1 << 20 };
+        assert!(!yields(&ME, &small, true, true));
+        let equal = Writer { rss_peak: ME.rss_peak, ..small };
+        assert!(!yields(&ME, &equal, true, true));
+        // Itself, bigger before an exec (which keeps the pid and the start time); a
+        // reused pid never has the same start time.
+        let earlier_me = Writer { rss_peak: 900 << 20, ..ME };
+        assert!(!yields(&ME, &earlier_me, true, true));
+        let same_pid_other_process = Writer { start: 1, ..earlier_me };
+        assert!(yields(&ME, &same_pid_other_process, false, true));
+    }
+}
