@@ -84,8 +84,10 @@ pub fn peak_rss() -> u64 {
 
 /// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`'s
 /// `starttime`), if it is running: `None` when there is no such process or it has
-/// exited and waits to be reaped (a zombie). With the pid, this names one process
-/// for as long as the machine runs, even after the pid is reused. No allocation.
+/// exited and waits to be reaped (a zombie). A process whose main thread ended while
+/// others run also shows as a zombie, with more than one thread: it runs. With the
+/// pid, the start time names one process for as long as the machine runs, even
+/// after the pid is reused. No allocation.
 pub fn running_since(pid: u32) -> Option<u64> {
     let mut path = [0u8; 32];
     let mut w = crate::text::SliceWriter::new(&mut path);
@@ -94,15 +96,15 @@ pub fn running_since(pid: u32) -> Option<u64> {
     let mut buf = [0u8; 1024];
     let n = read_proc(path, &mut buf);
     // "pid (comm) state ppid ...": the name may hold spaces and parentheses, so the
-    // fields are counted from the last ')'. starttime is the 22nd field, the 20th
-    // after the name.
+    // fields are counted from the last ')'. After the state (field 3) come
+    // num_threads (field 20) and starttime (field 22).
     let after = &buf[buf[..n].iter().rposition(|&b| b == b')')? + 1..n];
     let mut fields = after.split(|&b| b == b' ').filter(|f| !f.is_empty());
-    if matches!(fields.next()?, b"Z" | b"X") {
-        return None;
-    }
-    let start = fields.nth(18)?;
-    start.iter().all(u8::is_ascii_digit).then(|| number(start))
+    let state = fields.next()?;
+    let threads = number(fields.nth(16)?);
+    let start = fields.nth(1)?;
+    let ended = state == b"X" || (state == b"Z" && threads <= 1);
+    (!ended && start.iter().all(u8::is_ascii_digit)).then(|| number(start))
 }
 
 #[cfg(all(test, not(loom)))]

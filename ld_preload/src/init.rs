@@ -3,6 +3,7 @@
 //! process prints it).
 
 use crate::exit_report::{self, Report};
+use crate::stats_file::{self, When};
 use crate::tls::FACE;
 use memquota_core::{face, Config, Stats};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
@@ -100,7 +101,7 @@ extern "C" fn on_load() {
 
 /// Writes the stats to `path` every interval and at exit (replacing any earlier path).
 pub(crate) fn write_stats_to(path: String) {
-    crate::stats_file::started();
+    stats_file::started();
     STATS_PATH.store(Box::into_raw(Box::new(path)), Release);
     register_at_exit();
     if WRITER_STARTED.swap(true, AcqRel) {
@@ -110,7 +111,7 @@ pub(crate) fn write_stats_to(path: String) {
     let _ = face::spawn_service("memquota-stats", || loop {
         // A period, not a synchronisation.
         std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
-        write_stats_file();
+        write_stats_file(When::Interval);
     });
 }
 
@@ -149,14 +150,14 @@ fn parse_interval(v: &str) -> Option<Duration> {
 }
 
 /// Writes the Prometheus text to the stats file (`stats_file.rs`).
-fn write_stats_file() {
+fn write_stats_file(when: When) {
     // SAFETY: STATS_PATH holds null or a `Box::into_raw` pointer that is never freed.
     let Some(path) = (unsafe { STATS_PATH.load(Acquire).as_ref() }) else { return };
     face::flush_thread(&FACE);
     let stats = memquota_core::stats();
-    let mut text = String::with_capacity(4096);
-    let _ = memquota_core::write_prometheus(&mut text, &stats);
-    crate::stats_file::write(path, &text, stats.process_rss_peak);
+    stats_file::write(path, when, stats.process_rss_peak, |text| {
+        let _ = memquota_core::write_prometheus(text, &stats);
+    });
 }
 
 extern "C" fn at_exit() {
@@ -165,7 +166,7 @@ extern "C" fn at_exit() {
     face::flush_quiet();
     // The untracked figure as it is at exit, not as the last periodic sample saw it.
     face::sample_untracked();
-    write_stats_file();
+    write_stats_file(When::Exit);
     exit_report::write_at_exit(|| summary(&memquota_core::stats()));
 }
 

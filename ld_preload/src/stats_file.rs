@@ -1,5 +1,5 @@
 //! The stats file (`MEMQUOTA_STATS_FILE`, or the agent's `stats_file=`): Prometheus
-//! text, replaced atomically, that speaks for the biggest process of a run.
+//! text, replaced atomically, that speaks for the biggest process running.
 //!
 //! Children inherit `MEMQUOTA_STATS_FILE` with `LD_PRELOAD`, and every preloaded
 //! process writes it. A small child must not replace the figures of the process
@@ -7,12 +7,15 @@
 //! shutdown hook, and that `rm`, preloaded too, wrote its own 4 MiB figures over
 //! the executor's while the executor was still exiting. So the file's first line
 //! names its writer (pid, start time, peak RSS), and a process leaves the file as it
-//! is when another process with a higher peak RSS wrote it and either still runs or
-//! wrote it after this process started. A file left by an earlier run is replaced.
+//! is when another process with a higher peak RSS wrote it and still runs. At exit
+//! it also leaves a file that a bigger process wrote since this one began writing
+//! stats, even if that process has ended: a parent's last figures do not replace its
+//! bigger child's. A file left by an earlier run is replaced.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::OnceLock;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use memquota_core::face;
 
@@ -20,8 +23,13 @@ use memquota_core::face;
 /// A comment to Prometheus parsers.
 const TAG: &str = "# memquota writer ";
 
-/// When this process started writing stats (set by the first write or path).
+/// When this process began writing stats (its first stats path; a fork child keeps
+/// its parent's).
 static STARTED: OnceLock<SystemTime> = OnceLock::new();
+
+/// File times come from the kernel's coarse clock, which lags the clock `STARTED`
+/// reads by up to a few ticks: a write this close before `STARTED` counts as since.
+const CLOCK_SLACK: Duration = Duration::from_millis(20);
 
 /// A process that wrote the file: its pid and start time (`host::running_since`)
 /// name it; its peak RSS says how big it got.
@@ -51,34 +59,46 @@ impl Writer {
     }
 }
 
-/// Whether `me` leaves a file that `other` wrote: another process, bigger, that still
-/// runs or wrote after `me` started.
-fn yields(me: &Writer, other: &Writer, other_runs: bool, written_since_my_start: bool) -> bool {
-    !me.is(other) && other.rss_peak > me.rss_peak && (other_runs || written_since_my_start)
+/// Why a process writes the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum When {
+    /// Every interval, while it runs.
+    Interval,
+    /// Its last write, at exit.
+    Exit,
 }
 
-/// Marks when this process started writing stats; later calls keep the first time.
+/// Whether `me` leaves, at `when`, a file that `other` wrote: another process,
+/// bigger, that still runs, or (at exit) wrote since `me` began writing stats.
+fn yields(me: &Writer, other: &Writer, when: When, other_runs: bool, written_since: bool) -> bool {
+    !me.is(other) && other.rss_peak > me.rss_peak && (other_runs || (when == When::Exit && written_since))
+}
+
+/// Marks when this process began writing stats; later calls keep the first time.
 pub(crate) fn started() {
     STARTED.get_or_init(SystemTime::now);
 }
 
-/// Writes `text` (the Prometheus text of a snapshot whose peak RSS is `rss_peak`) to
-/// `path`, atomically (a temporary file, then a rename), unless the file speaks for a
-/// bigger process (see the module's comment). Errors are dropped: the stats file is a
-/// view, and the program runs on without it.
-pub(crate) fn write(path: &str, text: &str, rss_peak: u64) {
+/// Writes the Prometheus text `render` appends (of a snapshot whose peak RSS is
+/// `rss_peak`) to `path`, atomically (a temporary file, then a rename), unless the
+/// file speaks for a bigger process (see the module's comment). Errors are dropped:
+/// the stats file is a view, and the program runs on without it.
+pub(crate) fn write(path: &str, when: When, rss_peak: u64, render: impl FnOnce(&mut String)) {
     let pid = std::process::id();
     // Without /proc the writers cannot be told apart (start 0): the file is written.
     let start = face::running_since(pid).unwrap_or(0);
     let me = Writer { pid, start, rss_peak };
-    if left_to_another(path, &me) {
+    if left_to_another(path, &me, when) {
         return;
     }
-    let tmp = format!("{path}.tmp.{pid}");
-    let written = std::fs::File::create(&tmp).and_then(|mut f| {
-        f.write_all(me.tag().as_bytes())?;
-        f.write_all(text.as_bytes())
-    });
+    let mut text = me.tag();
+    render(&mut text);
+    // The stats thread and an exit on another thread may write at once: one
+    // temporary file each.
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let tmp = format!("{path}.tmp.{pid}.{tid}");
+    let written = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
     if written.is_ok() {
         let _ = std::fs::rename(&tmp, path);
     } else {
@@ -86,9 +106,16 @@ pub(crate) fn write(path: &str, text: &str, rss_peak: u64) {
     }
 }
 
-/// Whether the file at `path` was written by a process `me` yields to.
-fn left_to_another(path: &str, me: &Writer) -> bool {
-    let Ok(mut file) = std::fs::File::open(path) else { return false };
+/// Whether the file at `path` was written by a process `me` yields to at `when`.
+/// Only a regular file is read, opened without blocking (the path may name a FIFO
+/// or a terminal).
+fn left_to_another(path: &str, me: &Writer, when: When) -> bool {
+    let open = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path);
+    let Ok(mut file) = open else { return false };
+    let Ok(meta) = file.metadata() else { return false };
+    if !meta.is_file() {
+        return false;
+    }
     let mut head = [0u8; 128];
     let Ok(n) = file.read(&mut head) else { return false };
     let Some(other) =
@@ -96,10 +123,10 @@ fn left_to_another(path: &str, me: &Writer) -> bool {
     else {
         return false;
     };
-    let since = STARTED.get_or_init(SystemTime::now);
-    let written_since = file.metadata().and_then(|m| m.modified()).is_ok_and(|at| at >= *since);
+    let since = *STARTED.get_or_init(SystemTime::now) - CLOCK_SLACK;
+    let written_since = meta.modified().is_ok_and(|at| at >= since);
     let runs = face::running_since(other.pid) == Some(other.start);
-    yields(me, &other, runs, written_since)
+    yields(me, &other, when, runs, written_since)
 }
 
 #[cfg(test)]
@@ -124,24 +151,32 @@ mod tests {
     }
 
     #[test]
-    fn a_smaller_process_leaves_a_bigger_ones_file_while_it_runs_or_if_written_since() {
+    fn a_smaller_process_leaves_a_bigger_ones_file_while_it_runs_and_at_exit_if_written_since() {
         let big = Writer { pid: 11, start: 400, rss_peak: 900 << 20 };
-        assert!(yields(&ME, &big, true, false), "the bigger process still runs");
-        assert!(yields(&ME, &big, false, true), "it wrote after we started, and exited");
-        assert!(!yields(&ME, &big, false, false), "a file from an earlier run is replaced");
+        for when in [When::Interval, When::Exit] {
+            assert!(yields(&ME, &big, when, true, false), "{when:?}: the bigger process still runs");
+            assert!(
+                !yields(&ME, &big, when, false, false),
+                "{when:?}: a file from an earlier run is replaced"
+            );
+        }
+        assert!(yields(&ME, &big, When::Exit, false, true), "it wrote after we began, and ended");
+        assert!(!yields(&ME, &big, When::Interval, false, true), "a running process updates the file");
     }
 
     #[test]
     fn a_process_replaces_its_own_file_a_smaller_ones_and_an_equal_ones() {
-        let small = Writer { pid: 11, start: 400, rss_peak: 1 << 20 };
-        assert!(!yields(&ME, &small, true, true));
-        let equal = Writer { rss_peak: ME.rss_peak, ..small };
-        assert!(!yields(&ME, &equal, true, true));
-        // Itself, bigger before an exec (which keeps the pid and the start time); a
-        // reused pid never has the same start time.
-        let earlier_me = Writer { rss_peak: 900 << 20, ..ME };
-        assert!(!yields(&ME, &earlier_me, true, true));
-        let same_pid_other_process = Writer { start: 1, ..earlier_me };
-        assert!(yields(&ME, &same_pid_other_process, false, true));
+        for when in [When::Interval, When::Exit] {
+            let small = Writer { pid: 11, start: 400, rss_peak: 1 << 20 };
+            assert!(!yields(&ME, &small, when, true, true));
+            let equal = Writer { rss_peak: ME.rss_peak, ..small };
+            assert!(!yields(&ME, &equal, when, true, true));
+            // Itself, bigger before an exec (which keeps the pid and the start time); a
+            // reused pid never has the same start time.
+            let earlier_me = Writer { rss_peak: 900 << 20, ..ME };
+            assert!(!yields(&ME, &earlier_me, when, true, true));
+            let same_pid_other_process = Writer { start: 1, ..earlier_me };
+            assert!(yields(&ME, &same_pid_other_process, when, true, true));
+        }
     }
 }

@@ -506,26 +506,44 @@ fn stats_file_and_exit_report() {
 
 #[test]
 fn a_smaller_process_leaves_the_stats_file_of_a_bigger_one() {
+    use std::time::{Duration, SystemTime};
     let file = std::env::temp_dir().join(format!("memquota-stats-owner-{}.prom", std::process::id()));
     let env = [("MEMQUOTA_STATS_FILE", file.to_str().unwrap()), ("MEMQUOTA_LIMIT", "2g")];
     // This test process plays the bigger one (Spark's executor, say): it runs, and its
-    // peak RSS is far above what `true` reaches.
+    // peak RSS is far above what `true` reaches. `true` writes once, at exit.
     let me = std::process::id();
     let start = memquota_core::face::running_since(me).unwrap();
     let by = |start: u64, rss_peak: u64| {
         format!("# memquota writer pid={me} start={start} rss_peak={rss_peak}\nmemquota_limit_bytes 1\n")
     };
-    let run_true = |before: &str| {
+    // The file as `before`, last written at `when` (a minute ago: before `true`
+    // starts; in a minute: after), then `true` run with it.
+    let run_true = |before: &str, when: SystemTime| {
         std::fs::write(&file, before).unwrap();
+        std::fs::File::options().write(true).open(&file).unwrap().set_modified(when).unwrap();
         assert_ok(&preloaded(Path::new("true"), &[], &env), "true");
         std::fs::read_to_string(&file).unwrap()
     };
+    let (earlier, later) =
+        (SystemTime::now() - Duration::from_secs(60), SystemTime::now() + Duration::from_secs(60));
     let bigger = by(start, 1 << 40);
-    assert_eq!(run_true(&bigger), bigger, "a smaller child replaced a bigger process's figures");
-    // Replaced: the bigger writer is gone (another process had this pid) and wrote
-    // before `true` started, or it is the smaller one.
-    for before in [by(start + 1, 1 << 40), by(start, 1)] {
-        let after = run_true(&before);
+    assert_eq!(
+        run_true(&bigger, earlier),
+        bigger,
+        "a smaller child replaced a running bigger process's figures"
+    );
+    // A bigger process that ended (another process had this pid: another start time)
+    // after writing since `true` started: its last figures stay.
+    let ended = by(start + 1, 1 << 40);
+    assert_eq!(
+        run_true(&ended, later),
+        ended,
+        "a smaller process's exit replaced a bigger one's last figures"
+    );
+    // Replaced: that bigger process wrote before `true` started (an earlier run), or
+    // the writer is smaller.
+    for (before, when) in [(ended, earlier), (by(start, 1), later)] {
+        let after = run_true(&before, when);
         let first = after.lines().next().unwrap();
         assert!(
             first.starts_with("# memquota writer pid=") && !first.contains(&format!("pid={me} ")),

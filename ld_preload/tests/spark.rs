@@ -87,7 +87,7 @@ fn driver_budget(limit: &str, stats: &Path) -> (Vec<String>, Vec<(&'static str, 
         (vec!["--agent-options".into(), opts], vec![])
     } else {
         // Every preloaded process writes this file (the launcher JVM, shells) unless
-        // a bigger one wrote it: the driver JVM's figures are what stays.
+        // a bigger one running wrote it: the driver JVM's figures are what stays.
         (
             vec![],
             vec![("MEMQUOTA_LIMIT", limit.to_owned()), ("MEMQUOTA_STATS_FILE", stats.display().to_string())],
