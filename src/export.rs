@@ -341,6 +341,43 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 56] {
     ]
 }
 
+/// The process that wrote a stats file, named on the file's first line (a comment to
+/// Prometheus parsers): `# memquota writer pid=<pid> start=<ticks> rss_peak=<bytes>`.
+/// The preload writes it; the `memquota` command reads it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StatsWriter {
+    /// Its pid.
+    pub pid: u32,
+    /// When it started, in clock ticks since boot (`host::running_since`): with the
+    /// pid, it names one process even after the pid is reused. 0: unknown.
+    pub start: u64,
+    /// Its peak resident set size, in bytes.
+    pub rss_peak: u64,
+}
+
+impl StatsWriter {
+    const TAG: &'static str = "# memquota writer ";
+
+    /// The first line of a stats file this process writes, with its newline.
+    pub fn line(&self) -> String {
+        format!("{}pid={} start={} rss_peak={}\n", Self::TAG, self.pid, self.start, self.rss_peak)
+    }
+
+    /// The writer the first line of `text` names, if it names one.
+    pub fn parse(text: &str) -> Option<StatsWriter> {
+        let mut fields = text.lines().next()?.strip_prefix(Self::TAG)?.split(' ');
+        let mut value =
+            |key: &str| -> Option<u64> { fields.next()?.strip_prefix(key)?.strip_prefix('=')?.parse().ok() };
+        let pid = u32::try_from(value("pid")?).ok()?;
+        Some(StatsWriter { pid, start: value("start")?, rss_peak: value("rss_peak")? })
+    }
+
+    /// Whether both name the same process (a process after an `exec` is the same).
+    pub fn is(&self, other: &StatsWriter) -> bool {
+        self.pid == other.pid && self.start == other.start
+    }
+}
+
 /// Writes `s` in the Prometheus text exposition format (version 0.0.4).
 pub fn write_prometheus(w: &mut impl Write, s: &Stats) -> fmt::Result {
     for (m, labels, value) in metrics(s) {
@@ -538,6 +575,23 @@ pub fn write_scopes_json(w: &mut impl Write, snap: &ScopeSnapshot) -> fmt::Resul
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_writer_line_reads_back() {
+        let w = StatsWriter { pid: 4_000_000, start: u64::MAX, rss_peak: 123_456_789 };
+        assert_eq!(StatsWriter::parse(&format!("{}# HELP memquota_limit_bytes ...\n", w.line())), Some(w));
+        for bad in [
+            "",
+            "# HELP memquota_limit_bytes The hard limit",
+            "memquota_limit_bytes 1\n# memquota writer pid=1 start=2 rss_peak=3",
+            "# memquota writer pid=1 start=2",
+            "# memquota writer pid=1 start=x rss_peak=3",
+            "# memquota writer pid=5000000000 start=2 rss_peak=3",
+            "# memquota writer start=2 pid=1 rss_peak=3",
+        ] {
+            assert_eq!(StatsWriter::parse(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn json_and_prometheus_agree() {

@@ -95,7 +95,7 @@ pub mod face {
     pub use crate::config::{parse_duration, parse_limit, parse_size, vars, ENV_VARS, MIN_STATS_INTERVAL};
     pub use crate::control::adopt;
     pub use crate::endpoint::DEFAULT_METRICS_ADDR;
-    pub use crate::export::metric;
+    pub use crate::export::{metric, StatsWriter};
     pub use crate::host::{
         anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss, running_since,
     };

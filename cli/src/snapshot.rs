@@ -2,7 +2,7 @@
 //! (`memquota::write_prometheus`: the stats file and `GET /metrics`).
 
 use crate::units::bytes;
-use memquota_core::face::metric;
+use memquota_core::face::{metric, StatsWriter};
 use prometheus_parse::{Scrape, Value};
 use std::fmt::Write;
 
@@ -31,6 +31,8 @@ pub struct Snapshot {
     pub jemalloc_retained: u64,
     pub process_rss: u64,
     pub untracked: u64,
+    /// The process a stats file's first line names (an endpoint's text has none).
+    pub writer: Option<StatsWriter>,
 }
 
 impl Snapshot {
@@ -39,7 +41,7 @@ impl Snapshot {
     pub fn parse(text: &str) -> Result<Snapshot, String> {
         let scrape = Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))
             .map_err(|e| format!("not Prometheus text: {e}"))?;
-        let mut s = Snapshot::default();
+        let mut s = Snapshot { writer: StatsWriter::parse(text), ..Snapshot::default() };
         let mut known = 0;
         for sample in &scrape.samples {
             let value = match sample.value {
@@ -101,6 +103,9 @@ impl Snapshot {
         let mut row = |name: &str, value: String| {
             let _ = writeln!(t, "  {name:<16} {value}");
         };
+        if let Some(w) = self.writer {
+            row("written by", format!("pid {}  (peak RSS {})", w.pid, bytes(w.rss_peak)));
+        }
         row("limit", format!("{}  (soft threshold {})", self.limit_text(), bytes(self.soft_limit)));
         row("headroom", bytes(self.headroom));
         row(

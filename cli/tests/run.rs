@@ -382,7 +382,16 @@ fn assert_stat_output(out: &Output, source: &str) {
 fn stat_reads_a_stats_file() {
     let stats = real_stats_file(&scratch("stat-file"));
     let source = stats.to_str().unwrap();
-    assert_stat_output(&memquota(&["stat", source]), source);
+    let out = memquota(&["stat", source]);
+    assert_stat_output(&out, source);
+    // The file names the process whose figures it holds, with its peak RSS, at least
+    // the RSS it ended with.
+    let stdout = text(&out.stdout);
+    let writer = row(&stdout, "written by");
+    let (pid, peak) = writer.strip_prefix("pid ").and_then(|w| w.split_once("  (peak RSS ")).unwrap();
+    assert!(pid.parse::<u32>().is_ok_and(|p| p > 0), "{writer}");
+    let rss = mib(row(&stdout, "process RSS").split("  ").next().unwrap());
+    assert!(mib(peak.trim_end_matches(')')) >= rss, "{stdout}");
 }
 
 #[test]

@@ -6,8 +6,9 @@
 //! that matters: Spark's executor deletes its directories with `rm -rf` from a
 //! shutdown hook, and that `rm`, preloaded too, wrote its own 4 MiB figures over
 //! the executor's while the executor was still exiting. So the file's first line
-//! names its writer (pid, start time, peak RSS), and a process leaves the file as it
-//! is when another process with a higher peak RSS wrote it and still runs. At exit
+//! names its writer (`face::StatsWriter`: pid, start time, peak RSS), and a process
+//! leaves the file as it is when another process with a higher peak RSS wrote it and
+//! still runs. At exit
 //! it also leaves a file that a bigger process wrote since this one began writing
 //! stats, even if that process has ended: a parent's last figures do not replace its
 //! bigger child's. A file left by an earlier run is replaced.
@@ -17,11 +18,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
-use memquota_core::face;
-
-/// The first line's start: `# memquota writer pid=<pid> start=<ticks> rss_peak=<bytes>`.
-/// A comment to Prometheus parsers.
-const TAG: &str = "# memquota writer ";
+use memquota_core::face::{self, StatsWriter as Writer};
 
 /// When this process began writing stats (its first stats path; a fork child keeps
 /// its parent's).
@@ -30,34 +27,6 @@ static STARTED: OnceLock<SystemTime> = OnceLock::new();
 /// File times come from the kernel's coarse clock, which lags the clock `STARTED`
 /// reads by up to a few ticks: a write this close before `STARTED` counts as since.
 const CLOCK_SLACK: Duration = Duration::from_millis(20);
-
-/// A process that wrote the file: its pid and start time (`host::running_since`)
-/// name it; its peak RSS says how big it got.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Writer {
-    pid: u32,
-    start: u64,
-    rss_peak: u64,
-}
-
-impl Writer {
-    fn tag(&self) -> String {
-        format!("{TAG}pid={} start={} rss_peak={}\n", self.pid, self.start, self.rss_peak)
-    }
-
-    /// The writer a file's first line names, if it names one.
-    fn parse(first_line: &str) -> Option<Writer> {
-        let mut fields = first_line.strip_prefix(TAG)?.split(' ');
-        let mut value =
-            |key: &str| -> Option<u64> { fields.next()?.strip_prefix(key)?.strip_prefix('=')?.parse().ok() };
-        let pid = u32::try_from(value("pid")?).ok()?;
-        Some(Writer { pid, start: value("start")?, rss_peak: value("rss_peak")? })
-    }
-
-    fn is(&self, other: &Writer) -> bool {
-        self.pid == other.pid && self.start == other.start
-    }
-}
 
 /// Why a process writes the file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +60,7 @@ pub(crate) fn write(path: &str, when: When, rss_peak: u64, render: impl FnOnce(&
     if left_to_another(path, &me, when) {
         return;
     }
-    let mut text = me.tag();
+    let mut text = me.line();
     render(&mut text);
     // The stats thread and an exit on another thread may write at once: one
     // temporary file each.
@@ -118,11 +87,7 @@ fn left_to_another(path: &str, me: &Writer, when: When) -> bool {
     }
     let mut head = [0u8; 128];
     let Ok(n) = file.read(&mut head) else { return false };
-    let Some(other) =
-        std::str::from_utf8(&head[..n]).ok().and_then(|h| h.lines().next()).and_then(Writer::parse)
-    else {
-        return false;
-    };
+    let Some(other) = std::str::from_utf8(&head[..n]).ok().and_then(Writer::parse) else { return false };
     let since = *STARTED.get_or_init(SystemTime::now) - CLOCK_SLACK;
     let written_since = meta.modified().is_ok_and(|at| at >= since);
     let runs = face::running_since(other.pid) == Some(other.start);
@@ -134,21 +99,6 @@ mod tests {
     use super::*;
 
     const ME: Writer = Writer { pid: 10, start: 500, rss_peak: 4 << 20 };
-
-    #[test]
-    fn the_tag_reads_back() {
-        let w = Writer { pid: 4_000_000, start: u64::MAX, rss_peak: 123_456_789 };
-        assert_eq!(Writer::parse(w.tag().trim_end()), Some(w));
-        for bad in [
-            "",
-            "# HELP memquota_limit_bytes The hard limit",
-            "# memquota writer pid=1 start=2",
-            "# memquota writer pid=1 start=x rss_peak=3",
-            "# memquota writer start=2 pid=1 rss_peak=3",
-        ] {
-            assert_eq!(Writer::parse(bad), None, "{bad:?}");
-        }
-    }
 
     #[test]
     fn a_smaller_process_leaves_a_bigger_ones_file_while_it_runs_and_at_exit_if_written_since() {
