@@ -8,10 +8,9 @@
 //! the executor's while the executor was still exiting. So the file's first line
 //! names its writer (`face::StatsWriter`: pid, start time, peak RSS), and a process
 //! leaves the file as it is when another process with a higher peak RSS wrote it and
-//! still runs. At exit
-//! it also leaves a file that a bigger process wrote since this one began writing
-//! stats, even if that process has ended: a parent's last figures do not replace its
-//! bigger child's. A file left by an earlier run is replaced.
+//! still runs. At exit it also leaves a file that a bigger process wrote since this
+//! one began writing stats, even if that process has ended: a parent's last figures
+//! do not replace its bigger child's. A file left by an earlier run is replaced.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
