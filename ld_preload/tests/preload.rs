@@ -20,6 +20,7 @@ struct Built {
     tls_lib: PathBuf,
     cxx: PathBuf,
     lazy: PathBuf,
+    leader: PathBuf,
 }
 
 fn built() -> &'static Built {
@@ -39,6 +40,7 @@ fn built() -> &'static Built {
             tls_lib: out.join("libtls.so"),
             cxx: out.join("cxx"),
             lazy: out.join("lazy"),
+            leader: out.join("leader"),
         };
         cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
@@ -46,6 +48,10 @@ fn built() -> &'static Built {
         cc("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c", "-o", b.tls_lib.to_str().unwrap()]);
         cc("g++", &["-O1", "-std=c++17", "cxx.cc", "-o", b.cxx.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "lazy.c", "-o", b.lazy.to_str().unwrap()]);
+        cc(
+            "gcc",
+            &["-O1", "-g", "-Wall", "-Werror", "-pthread", "leader.c", "-o", b.leader.to_str().unwrap()],
+        );
         b
     })
 }
@@ -552,6 +558,41 @@ fn a_smaller_process_leaves_the_stats_file_of_a_bigger_one() {
         assert_eq!(Metrics::parse(&after).get("memquota_limit_bytes"), (2u64 << 30) as f64, "{after}");
     }
     let _ = std::fs::remove_file(file);
+}
+
+/// A stats file's writer is still running while any of its threads runs: a process
+/// whose main thread called `pthread_exit` shows as a zombie in `/proc` (state `Z`)
+/// until its last thread ends, and the stats file must not take it for one that has
+/// exited (`host::running_since`, which `stats_file.rs` asks).
+#[test]
+fn a_process_whose_main_thread_ended_still_runs() {
+    use memquota_core::face::running_since;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(&built().leader).stdin(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let start = running_since(pid).expect("the child runs");
+    // The precondition, waited for with a deadline: the main thread has ended.
+    let state = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state() != 'Z' {
+        assert!(Instant::now() < deadline, "the main thread did not end in 10 s");
+        std::thread::sleep(Duration::from_millis(5)); // polling the state, with a deadline
+    }
+    assert_eq!(running_since(pid), Some(start), "a process with a thread running was read as ended");
+    // Closing its input lets its other thread end the process.
+    drop(child.stdin.take());
+    // Waits for the exit without reaping: the process stays a zombie until wait().
+    // SAFETY: siginfo_t is plain old data; waitid writes it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on our own child, with a valid out-pointer.
+    let r = unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+    assert_eq!(r, 0);
+    assert_eq!(running_since(pid), None, "an exited process was read as running");
+    assert!(child.wait().unwrap().success());
 }
 
 /// The pids of the exit summaries in `stderr`, in order.
