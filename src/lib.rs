@@ -24,11 +24,15 @@ mod error;
 mod host;
 mod quota;
 mod settings;
+#[cfg(not(loom))]
+mod size_class;
 mod stats;
 mod sync;
 mod text;
 // ledger
 mod account;
+#[cfg(not(loom))]
+mod bulk;
 #[cfg(not(loom))]
 mod ledger;
 #[cfg(not(loom))]
@@ -92,6 +96,11 @@ mod loom_tests;
 #[doc(hidden)]
 #[cfg(not(loom))]
 pub mod face {
+    pub use crate::bulk::Bulk;
+    /// Bulk counting from jemalloc's per-thread totals (`bulk.rs`).
+    pub mod bulk {
+        pub use crate::bulk::*;
+    }
     pub use crate::config::{parse_duration, parse_limit, parse_size, vars, ENV_VARS, MIN_STATS_INTERVAL};
     pub use crate::control::adopt;
     pub use crate::endpoint::DEFAULT_METRICS_ADDR;
@@ -111,6 +120,7 @@ pub mod face {
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
         retry_end_raw, scopes_used,
     };
+    pub use crate::size_class::{self_check, small_usable, usable, SMALL_MAX};
     pub use crate::slow_path::{charge_slow, charge_taken, end_gate, flush_thread, make_room, record};
     pub use crate::tables::retry::Rollback;
     pub use crate::tables::{MAX_BUDGETS, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};

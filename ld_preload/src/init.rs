@@ -61,7 +61,7 @@ pub(crate) fn env_lookup(var: &'static str) -> Option<String> {
 }
 
 extern "C" fn on_load() {
-    crate::size_class::self_check(); // jemalloc has started by now, if it had not
+    face::self_check(); // jemalloc has started by now, if it had not
     crate::tls::ctl_ready();
     crate::malloc_conf::warn_about_what_has_no_effect();
     let mut config =

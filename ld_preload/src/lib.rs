@@ -29,6 +29,5 @@ mod jvm_gate;
 mod lazy;
 pub mod malloc;
 mod malloc_conf;
-mod size_class;
 mod stats_file;
 mod tls;

@@ -5,10 +5,10 @@
 //! do not interpose themselves.
 
 use crate::lazy;
-use crate::size_class::{small_usable, usable, SMALL_MAX};
 use crate::tls::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
 use memquota_core::face;
+use memquota_core::face::{small_usable, usable, SMALL_MAX};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tikv_jemalloc_sys as jem;
@@ -72,7 +72,7 @@ fn taken_slow(bytes: usize) {
 pub(crate) fn slow(bytes: i64) -> bool {
     let saved = errno();
     let ok = face::charge_slow(&FACE, bytes);
-    if slot().allocated.get().is_null() {
+    if slot().bulk.allocated.get().is_null() {
         crate::tls::find_totals(); // a thread that could not find them on its first
     }
     set_errno(saved);
@@ -90,15 +90,15 @@ fn enomem() -> *mut c_void {
 /// call. Larger ones are charged before memory is taken.
 const CHARGE_AFTER_MAX: usize = 4096;
 
-/// Where the thread's [`Slot::lazy_below`] sits in its slot, for the entries below.
-const LAZY_BELOW: usize = std::mem::offset_of!(Slot, lazy_below);
+/// Where the thread's [`face::Bulk::lazy_below`] sits in its slot, for the entries below.
+const LAZY_BELOW: usize = std::mem::offset_of!(Slot, bulk) + std::mem::offset_of!(face::Bulk, lazy_below);
 
 /// The code of `malloc`: under [`SMALL_MAX`] on a lazy thread, a jump into jemalloc,
 /// charged in bulk later (`lazy.rs`); otherwise counted, out of line
 /// ([`alloc_counted`]). Four instructions, every way out a direct jump, no stack
 /// frame. Written out because the compiler's version took seven and reached jemalloc
 /// through the GOT: it compared the size with [`SMALL_MAX`] and then tested the lazy
-/// flag, where one compare with [`Slot::lazy_below`] does both; it computed the
+/// flag, where one compare with [`face::Bulk::lazy_below`] does both; it computed the
 /// slot's address (thread pointer plus the GOT's offset) to read one field of it,
 /// where the initial-exec sequence reads the field at the offset itself
 /// (`fs:[offset + field]`); and a call to a C function goes through the GOT unless
@@ -175,7 +175,7 @@ extern "C" fn refund(size: usize) -> *mut c_void {
 #[inline(always)]
 pub(crate) unsafe fn alloc_flags(n: size_t, flags: c_int) -> *mut c_void {
     let s = slot();
-    let total = s.allocated.get();
+    let total = s.bulk.allocated.get();
     // The alignment is `MALLOCX_LG_ALIGN`, the low six bits of the flags.
     if n < CHARGE_AFTER_MAX && 1usize << (flags & 63) < CHARGE_AFTER_MAX && !total.is_null() {
         // SAFETY: `total` is this thread's thread.allocatedp (just read from its slot);
@@ -415,7 +415,7 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         return;
     }
     let s = slot();
-    if !s.lazy() {
+    if !s.bulk.lazy() {
         // SAFETY: this function's contract is release_counted's; `s` is this thread's
         // slot, whose frees are not lazy.
         return unsafe { release_counted::<false>(s, p, how) };
@@ -446,7 +446,7 @@ unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveB
         return;
     }
     s.freeing.set(p);
-    let freed = s.deallocated.get();
+    let freed = s.bulk.deallocated.get();
     let size = if freed.is_null() {
         // SAFETY: `p` is non-null here, so a live jemalloc block (this function's contract).
         let size = unsafe { jem::sallocx(p, 0) };
@@ -494,7 +494,7 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         return null_mut();
     }
     let s = slot();
-    if (n as u64) < s.lazy_below.get() && !face::scopes_used() {
+    if (n as u64) < s.bulk.lazy_below.get() && !face::scopes_used() {
         // Under SMALL_MAX on a lazy thread, before any scope (as for `free`: an owner
         // record must be found): counted in bulk (`lazy.rs`), with the hook put off
         // until both totals have moved. Moved or in place, jemalloc adds the block's
@@ -559,7 +559,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     // Guarded: the old block's bytes are credited below (in `now - counted`), not in
     // bulk, and jemalloc's hook waits until the total is read.
     let s = slot();
-    let total = s.allocated.get();
+    let total = s.bulk.allocated.get();
     let (q, moved) = lazy::guarded(s, || {
         let before = if total.is_null() {
             0
@@ -619,7 +619,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
 #[inline(always)]
 fn zeroed(count: size_t, size: size_t) -> *mut c_void {
     if let Some(total) = count.checked_mul(size) {
-        if (total as u64) < slot().lazy_below.get() {
+        if (total as u64) < slot().bulk.lazy_below.get() {
             // SAFETY: plain jemalloc calloc of a product that does not overflow.
             return unsafe { jem::calloc(count, size) };
         }

@@ -7,8 +7,7 @@
 //! allocation, valid from the thread's first instruction to its last. The exit flush
 //! is a pthread key destructor, which runs before the thread's TLS goes away.
 
-use crate::size_class::SMALL_MAX;
-use memquota_core::face::{self, Face, Local};
+use memquota_core::face::{self, Bulk, Face, Local};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
@@ -18,48 +17,19 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 #[repr(C)]
 pub(crate) struct Slot {
     pub(crate) local: Local,
-    /// jemalloc's `thread.allocatedp`; null until the thread's first slow path.
-    pub(crate) allocated: Cell<*const u64>,
-    /// jemalloc's `thread.deallocatedp`; null until the thread's first slow path.
-    pub(crate) deallocated: Cell<*const u64>,
     /// The block `free` is giving back, for its slow path's owner lookup (a store
     /// costs the fast path less than keeping the pointer live across the call).
     pub(crate) freeing: Cell<*mut libc::c_void>,
-    /// While the thread is lazy (`lazy.rs`: frees and small mallocs are tail calls
-    /// into jemalloc, counted in bulk), [`SMALL_MAX`]: `malloc` of fewer bytes is
-    /// lazy, so one compare of the size against it tells a lazy `malloc`. Else 0.
-    /// Read through [`Slot::lazy`], written through [`Slot::set_lazy`].
-    pub(crate) lazy_below: Cell<u64>,
-    /// jemalloc's per-thread hook has fired on this thread, so it fires again.
-    pub(crate) armed: Cell<bool>,
-    /// Inside a jemalloc call whose bytes its caller counts itself.
-    pub(crate) guard: Cell<bool>,
-    /// jemalloc's hook fired inside such a call: count in bulk after it.
-    pub(crate) missed: Cell<bool>,
-    /// jemalloc's total of bytes allocated by this thread up to which every
-    /// allocation is charged, while `lazy`.
-    pub(crate) allocated_base: Cell<u64>,
-    /// jemalloc's total of bytes freed by this thread up to which every free is
-    /// credited, while `lazy`.
-    pub(crate) freed_base: Cell<u64>,
+    /// Bulk counting (`lazy.rs`): while the thread is lazy, frees and small mallocs are
+    /// tail calls into jemalloc, counted from its per-thread totals. Its totals are
+    /// null until the thread's first slow path.
+    pub(crate) bulk: Bulk,
     /// The thread's retry blocks begun through the C ABI or the Java class.
     pub(crate) retry: RetryNest,
 }
 
 /// Retry blocks nest at most this deep on one thread (`MEMQUOTA_RETRY_MAX_DEPTH` in
 /// memquota.h).
-impl Slot {
-    /// Whether the thread is lazy (`lazy.rs`).
-    pub(crate) fn lazy(&self) -> bool {
-        self.lazy_below.get() != 0
-    }
-
-    /// Turns the thread lazy, or not.
-    pub(crate) fn set_lazy(&self, on: bool) {
-        self.lazy_below.set(if on { SMALL_MAX as u64 } else { 0 });
-    }
-}
-
 pub(crate) const RETRY_MAX_DEPTH: usize = 16;
 
 /// A thread's nested retry blocks: for each, the scope the thread was attached to
@@ -167,28 +137,6 @@ fn local_opt() -> Option<&'static Local> {
 /// 0: no key yet; 1: being created; 2 + key: ready.
 static KEY: AtomicU32 = AtomicU32::new(0);
 
-/// A `uint64_t *` into this thread's jemalloc state, valid for the thread's life.
-fn counter(name: &std::ffi::CStr) -> *const u64 {
-    let mut p: *const u64 = std::ptr::null();
-    let mut len = std::mem::size_of::<*const u64>();
-    // SAFETY: `name` is one of jemalloc's `thread.*allocatedp` controls, which yield
-    // such a pointer; `p` and `len` describe a buffer for it.
-    let rc = unsafe {
-        tikv_jemalloc_sys::mallctl(
-            name.as_ptr(),
-            (&mut p as *mut *const u64).cast(),
-            &mut len,
-            std::ptr::null_mut(),
-            0,
-        )
-    };
-    if rc == 0 {
-        p
-    } else {
-        std::ptr::null()
-    }
-}
-
 /// Whether jemalloc's control tree has been set up, so that finding a thread's
 /// totals takes no lock. Before, a thread's first slow path may run inside jemalloc's
 /// own `pthread_create`: jemalloc starts a background thread (`background_thread:true`)
@@ -204,17 +152,15 @@ static CTL_READY: AtomicBool = AtomicBool::new(false);
 /// tree is set up (a no-op before).
 pub(crate) fn find_totals() {
     if CTL_READY.load(Acquire) {
-        slot().allocated.set(counter(c"thread.allocatedp"));
-        slot().deallocated.set(counter(c"thread.deallocatedp"));
+        face::bulk::find_totals(&slot().bulk);
     }
 }
 
 /// From the constructor, outside any jemalloc call: sets jemalloc's control tree up,
 /// then lets threads find their totals.
 pub(crate) fn ctl_ready() {
-    let _ = counter(c"thread.allocatedp"); // the first mallctl sets the tree up
+    face::bulk::find_totals(&slot().bulk); // the first mallctl sets the tree up
     CTL_READY.store(true, Release);
-    find_totals();
 }
 
 fn register_exit() -> bool {

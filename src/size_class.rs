@@ -1,12 +1,13 @@
 //! jemalloc's size classes, computed in a few instructions instead of a call to
-//! `nallocx` on every malloc. Checked against `nallocx` at load; any mismatch (a
-//! jemalloc built with another quantum or page size) switches to `nallocx`.
+//! `nallocx` on every malloc. Checked against `nallocx` before first use ([`self_check`],
+//! from the preload's constructor); any mismatch (a jemalloc built with another
+//! quantum or page size) switches to `nallocx`.
 
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
 
 static USE_NALLOCX: AtomicBool = AtomicBool::new(false);
 /// Requests under this are looked up in [`SMALL`].
-pub(crate) const SMALL_MAX: usize = 4096;
+pub const SMALL_MAX: usize = 4096;
 /// jemalloc's usable size of `malloc(n)` for `n < SMALL_MAX`, at index `(n + 7) / 8`
 /// (every size class up to 4 KiB is a multiple of 8, as in jemalloc's own lookup
 /// table), filled from `nallocx` by [`self_check`] at load; 0 until then.
@@ -15,7 +16,7 @@ static SMALL: [AtomicU16; SMALL_MAX / 8 + 1] = [const { AtomicU16::new(0) }; SMA
 /// The usable size jemalloc gives a `malloc(n)`, `n < SMALL_MAX`: one load. 0 before
 /// the table is filled (the caller then takes its general path).
 #[inline(always)]
-pub(crate) fn small_usable(n: usize) -> usize {
+pub fn small_usable(n: usize) -> usize {
     debug_assert!(n < SMALL_MAX);
     SMALL[(n + 7) >> 3].load(Relaxed) as usize
 }
@@ -25,7 +26,7 @@ const COMPUTED_MAX: usize = 32 << 10;
 
 /// The usable size jemalloc gives a `malloc(n)`; 0 if `n` is too large to allocate.
 #[inline(always)]
-pub(crate) fn usable(n: usize) -> usize {
+pub fn usable(n: usize) -> usize {
     if n <= COMPUTED_MAX && !USE_NALLOCX.load(Relaxed) {
         computed(n)
     } else {
@@ -50,7 +51,7 @@ fn computed(n: usize) -> usize {
 
 /// Fills [`SMALL`] from `nallocx`, then compares the computed classes with jemalloc's;
 /// on any difference, use jemalloc's.
-pub(crate) fn self_check() -> bool {
+pub fn self_check() -> bool {
     for (i, slot) in SMALL.iter().enumerate() {
         // SAFETY: nallocx has no preconditions; flags 0 is plain malloc.
         let size = unsafe { tikv_jemalloc_sys::nallocx((i << 3).max(1), 0) };
