@@ -116,7 +116,7 @@ fn scope_reservations_at_the_process_limit_never_hang() {
         }
         let _ = writeln!(l, " (of 3 each); refusals so far {}", memquota::stats().ooms);
     });
-    let outside: Vec<u8> = Vec::with_capacity(100 * MIB as usize);
+    let outside: Vec<u8> = std::hint::black_box(Vec::with_capacity(100 * MIB as usize));
     let ooms0 = memquota::stats().ooms;
     let started = Instant::now();
     let barrier = Arc::new(Barrier::new(4));

@@ -36,7 +36,7 @@ fn child(what: &str) {
             println!("limit={} soft={} heap={:?}", s.limit, s.soft_limit, s.heap_mode);
         }
         "oom" => {
-            let v: Vec<u8> = Vec::with_capacity(64 << 20);
+            let v: Vec<u8> = std::hint::black_box(Vec::with_capacity(64 << 20));
             println!("granted {}", v.capacity());
         }
         _ => unreachable!("{what}"),

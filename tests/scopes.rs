@@ -30,7 +30,7 @@ fn layout(size: usize) -> Layout {
 
 fn alloc(size: usize) -> usize {
     // SAFETY: a non-zero size.
-    let p = unsafe { std::alloc::alloc(layout(size)) };
+    let p = std::hint::black_box(unsafe { std::alloc::alloc(layout(size)) });
     assert!(!p.is_null());
     p as usize
 }
