@@ -10,7 +10,8 @@ static USE_NALLOCX: AtomicBool = AtomicBool::new(false);
 pub const SMALL_MAX: usize = 4096;
 /// jemalloc's usable size of `malloc(n)` for `n < SMALL_MAX`, at index `(n + 7) / 8`
 /// (every size class up to 4 KiB is a multiple of 8, as in jemalloc's own lookup
-/// table), filled from `nallocx` by [`self_check`] at load; 0 until then.
+/// table), filled by [`self_check`] at load (from the computed classes once they
+/// agree with `nallocx`, else from `nallocx`); 0 until then.
 static SMALL: [AtomicU16; SMALL_MAX / 8 + 1] = [const { AtomicU16::new(0) }; SMALL_MAX / 8 + 1];
 
 /// The usable size jemalloc gives a `malloc(n)`, `n < SMALL_MAX`: one load. 0 before
