@@ -12,7 +12,7 @@
 //! under 4 KiB are tail calls into jemalloc, counted in bulk from jemalloc's event
 //! hook and at every flush. Elsewhere `free(p)` credits what the freed total moved by
 //! across the call, and `malloc(n)` under 4 KiB charges a size class from a table
-//! filled from `nallocx` at load, before memory is taken; neither costs a size
+//! filled at load (checked against `nallocx`), before memory is taken; neither costs a size
 //! lookup. Larger requests are charged before memory is taken, with the size class
 //! computed (checked against `nallocx` at load) or asked of `nallocx`.
 #![deny(unsafe_op_in_unsafe_fn)]
