@@ -19,6 +19,7 @@
 //! Environment:
 //! * `MEMQUOTA_BENCH_QUICK=1`: a twentieth of the operations and 3 rounds (smoke test).
 //! * `MEMQUOTA_BENCH_ROUNDS=N`: rounds per allocator (default 7, quick 3).
+//! * `MEMQUOTA_BENCH_DIVIDE=N`: 1/N of the operations (quick: 20).
 //! * `MEMQUOTA_BENCH_THREADS=N`: only this thread count (default: 1, then 2).
 //! * `MEMQUOTA_BENCH_ONLY=J|Q|S|QS`: profiling mode: one run of one allocator per
 //!   workload, no comparison (for `perf stat` / `perf record`); QS is Q with the
@@ -503,6 +504,10 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+fn smallest(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
 struct Row {
     workload: &'static str,
     threads: usize,
@@ -510,6 +515,8 @@ struct Row {
     ns: [f64; 3],
     /// Smallest and largest per-round Q/J (same round, adjacent runs).
     qj_range: (f64, f64),
+    /// Q's fastest run over J's fastest: the runs the machine's load added least to.
+    fastest: f64,
 }
 
 fn env_flag(var: &str) -> bool {
@@ -528,7 +535,11 @@ fn main() {
         Err(_) => 7,
     }
     .max(1);
-    let scale = if quick { 20 } else { 1 };
+    let scale: u64 = match std::env::var("MEMQUOTA_BENCH_DIVIDE") {
+        Ok(v) => v.parse().ok().filter(|&n| n > 0).expect("MEMQUOTA_BENCH_DIVIDE: a number above 0"),
+        Err(_) if quick => 20,
+        Err(_) => 1,
+    };
     // `cargo bench` passes `--bench`; any other non-flag argument filters workloads.
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let selected = |w: Workload| filters.is_empty() || filters.iter().any(|f| w.name().contains(f));
@@ -555,7 +566,7 @@ fn main() {
                     _ => panic!("MEMQUOTA_BENCH_ONLY: J, Q, S or QS"),
                 };
                 let ns = d.as_nanos() as f64 / ops as f64;
-                println!("{only} {} {threads} thread(s): {ns:.2} ns/op", w.name());
+                println!("{only} {} {threads} thread(s): {ns:.2} ns/op, {ops} ops", w.name());
             }
         }
         return;
@@ -583,8 +594,8 @@ fn main() {
     }
     println!();
     println!(
-        "{:<12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  {:>13}",
-        "workload", "thr", "J ns/op", "Q ns/op", "S ns/op", "Q/J", "S/J", "Q-J ns", "Q/J rounds"
+        "{:<12} {:>3} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7}  {:>13} {:>8}",
+        "workload", "thr", "J ns/op", "Q ns/op", "S ns/op", "Q/J", "S/J", "Q-J ns", "Q/J rounds", "fastest"
     );
 
     let mut rows = Vec::new();
@@ -606,16 +617,17 @@ fn main() {
                 }
             }
             let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(q, j)| q / j).collect();
-            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let lo = smallest(&ratios);
             let hi = ratios.iter().copied().fold(0.0, f64::max);
             let row = Row {
                 workload: w.name(),
                 threads,
                 ns: [median(&times[0]), median(&times[1]), median(&times[2])],
                 qj_range: (lo, hi),
+                fastest: smallest(&times[1]) / smallest(&times[0]),
             };
             println!(
-                "{:<12} {:>3} {:>9.2} {:>9.2} {:>9.2} {:>7.3} {:>7.3} {:>7.2}  {:>5.3}..{:<5.3}",
+                "{:<12} {:>3} {:>9.2} {:>9.2} {:>9.2} {:>7.3} {:>7.3} {:>7.2}  {:>5.3}..{:<5.3} {:>8.3}",
                 row.workload,
                 row.threads,
                 row.ns[0],
@@ -626,6 +638,7 @@ fn main() {
                 row.ns[1] - row.ns[0],
                 row.qj_range.0,
                 row.qj_range.1,
+                row.fastest,
             );
             rows.push(row);
         }
@@ -683,7 +696,7 @@ fn scope_table(rounds: usize, scale: u64, selected: &dyn Fn(Workload) -> bool, t
                 }
             }
             let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(s, q)| s / q).collect();
-            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let lo = smallest(&ratios);
             let hi = ratios.iter().copied().fold(0.0, f64::max);
             let (q, qs) = (median(&times[0]), median(&times[1]));
             println!(
