@@ -508,6 +508,11 @@ fn smallest(v: &[f64]) -> f64 {
     v.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
+/// The smallest and largest of `v`.
+fn range(v: &[f64]) -> (f64, f64) {
+    (smallest(v), v.iter().copied().fold(0.0, f64::max))
+}
+
 struct Row {
     workload: &'static str,
     threads: usize,
@@ -617,13 +622,11 @@ fn main() {
                 }
             }
             let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(q, j)| q / j).collect();
-            let lo = smallest(&ratios);
-            let hi = ratios.iter().copied().fold(0.0, f64::max);
             let row = Row {
                 workload: w.name(),
                 threads,
                 ns: [median(&times[0]), median(&times[1]), median(&times[2])],
-                qj_range: (lo, hi),
+                qj_range: range(&ratios),
                 fastest: smallest(&times[1]) / smallest(&times[0]),
             };
             println!(
@@ -696,8 +699,7 @@ fn scope_table(rounds: usize, scale: u64, selected: &dyn Fn(Workload) -> bool, t
                 }
             }
             let ratios: Vec<f64> = times[1].iter().zip(&times[0]).map(|(s, q)| s / q).collect();
-            let lo = smallest(&ratios);
-            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            let (lo, hi) = range(&ratios);
             let (q, qs) = (median(&times[0]), median(&times[1]));
             println!(
                 "{:<12} {:>3} {:>9.2} {:>9.2} {:>7.3}  {:>5.3}..{:<5.3}",

@@ -15,12 +15,11 @@
 # On demand only:  bash benches/instructions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/baseline.sh
 if ! command -v valgrind > /dev/null; then
     echo "installing valgrind (instruction counts)"
-    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get install -y -qq valgrind
+    install_packages valgrind
 fi
-source benches/baseline.sh
 churn=$(mktemp -d)/churn
 gcc -O2 -pthread benches/preload/churn.c -o "$churn"
 bench=$(cargo bench --bench alloc --no-run 2>&1 | sed -n 's/.*Executable benches\/alloc.rs (\(.*\))/\1/p')

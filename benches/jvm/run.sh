@@ -14,8 +14,7 @@ rounds=${1:-5}
 source benches/baseline.sh
 if [ ! -x /usr/bin/time ]; then
     echo "installing time (GNU time: peak RSS and page faults of each run)"
-    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get install -y -qq time
+    install_packages time
 fi
 classes=$(mktemp -d)
 javac -d "$classes" java/org/memquota/*.java ld_preload/tests/java/JvmWorkload.java
