@@ -9,6 +9,7 @@ mod fetch;
 mod plot;
 mod run;
 mod snapshot;
+mod tree;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -35,11 +36,17 @@ enum Cmd {
     )]
     Run(run::RunArgs),
     /// Print a snapshot of the budget from a stats file (MEMQUOTA_STATS_FILE) or a
-    /// metrics endpoint (MEMQUOTA_METRICS_ADDR, such as 127.0.0.1:9464).
+    /// metrics endpoint (MEMQUOTA_METRICS_ADDR, such as 127.0.0.1:9464); of a process
+    /// tree from a directory of stats files (MEMQUOTA_STATS_FILE=DIR/ or a path with
+    /// %p) or several files: a row per process and the sums.
+    #[command(
+        after_help = "Example: MEMQUOTA_STATS_FILE=/tmp/mq/ memquota run -- server; memquota stat /tmp/mq"
+    )]
     Stat {
-        /// A stats file, or an endpoint: HOST:PORT or http://HOST:PORT[/PATH].
-        #[arg(value_name = "FILE|ADDR")]
-        source: String,
+        /// Stats files or directories of them, or one endpoint: HOST:PORT or
+        /// http://HOST:PORT[/PATH].
+        #[arg(value_name = "FILE|DIR|ADDR", required = true)]
+        sources: Vec<String>,
     },
 }
 
@@ -56,10 +63,26 @@ impl From<String> for Failure {
     }
 }
 
-fn stat(source: &str) -> Result<(), Failure> {
-    let text = fetch::read(source)?;
-    let snapshot = snapshot::Snapshot::parse(&text).map_err(|e| format!("{source}: {e}"))?;
-    let out = format!("memquota stats from {source}\n{}", snapshot.table());
+fn stat(sources: &[String]) -> Result<(), Failure> {
+    let one = |source: &str| -> Result<snapshot::Snapshot, Failure> {
+        let text = fetch::read(source)?;
+        Ok(snapshot::Snapshot::parse(&text).map_err(|e| format!("{source}: {e}"))?)
+    };
+    let out = match sources {
+        [source] if !std::path::Path::new(source).is_dir() => {
+            format!("memquota stats from {source}\n{}", one(source)?.table())
+        }
+        _ => {
+            let mut members = Vec::new();
+            for source in sources {
+                for file in tree::files(source)? {
+                    members.push(tree::Member { snapshot: one(&file)?, source: file });
+                }
+            }
+            let from = sources.join(" ");
+            format!("memquota stats of {} processes from {from}\n{}", members.len(), tree::table(&members))
+        }
+    };
     let _ = std::io::stdout().write_all(out.as_bytes());
     Ok(())
 }
@@ -67,7 +90,7 @@ fn stat(source: &str) -> Result<(), Failure> {
 fn main() {
     let result = match Cli::parse().command {
         Cmd::Run(args) => run::run(args).map(|status| run::pass_through(status)),
-        Cmd::Stat { source } => stat(&source),
+        Cmd::Stat { sources } => stat(&sources),
     };
     if let Err(Failure { code, message }) = result {
         let _ = writeln!(std::io::stderr(), "memquota: {message}");

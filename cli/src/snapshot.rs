@@ -23,6 +23,7 @@ pub struct Snapshot {
     pub reclaim_panics: u64,
     pub reclaims_throttled: u64,
     pub ooms: u64,
+    pub oom_reports: u64,
     pub overcommits: u64,
     pub error_bound: u64,
     pub jemalloc_allocated: u64,
@@ -30,6 +31,7 @@ pub struct Snapshot {
     pub jemalloc_resident: u64,
     pub jemalloc_retained: u64,
     pub process_rss: u64,
+    pub process_rss_peak: u64,
     pub untracked: u64,
     /// The process a stats file's first line names (an endpoint's text has none).
     pub writer: Option<StatsWriter>,
@@ -65,6 +67,7 @@ impl Snapshot {
                 (metric::RECLAIM_PANICS_TOTAL, _) => &mut s.reclaim_panics,
                 (metric::RECLAIMS_THROTTLED_TOTAL, _) => &mut s.reclaims_throttled,
                 (metric::OOM_TOTAL, _) => &mut s.ooms,
+                (metric::OOM_REPORTS_TOTAL, _) => &mut s.oom_reports,
                 (metric::OVERCOMMIT_TOTAL, _) => &mut s.overcommits,
                 (metric::ERROR_BOUND_BYTES, _) => &mut s.error_bound,
                 (metric::JEMALLOC_ALLOCATED_BYTES, _) => &mut s.jemalloc_allocated,
@@ -72,6 +75,7 @@ impl Snapshot {
                 (metric::JEMALLOC_RESIDENT_BYTES, _) => &mut s.jemalloc_resident,
                 (metric::JEMALLOC_RETAINED_BYTES, _) => &mut s.jemalloc_retained,
                 (metric::PROCESS_RSS_BYTES, _) => &mut s.process_rss,
+                (metric::PROCESS_RSS_PEAK_BYTES, _) => &mut s.process_rss_peak,
                 (metric::UNTRACKED_BYTES, _) => &mut s.untracked,
                 _ => continue,
             };

@@ -496,3 +496,78 @@ fn bad_flags_and_a_missing_preload_exit_2_without_running_anything() {
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("memquota: cannot run /nonexistent/program: "));
 }
+
+/// tests/c/forking_server.c run under the preload (no `memquota run`: its stats file
+/// path is `stats`), with a limit of 32 MiB: every process asks for 80 MiB in 8 MiB
+/// blocks. Returns the refusals the processes saw, in all.
+fn forking_server(stats: &str) -> u64 {
+    let dir = scratch("bin-server");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forking_server.c");
+    let bin = dir.join("forking_server");
+    let status = Command::new("gcc").args(["-O1", "-Wall"]).arg(&src).arg("-o").arg(&bin).status().unwrap();
+    assert!(status.success(), "gcc {} failed", src.display());
+    let mut cmd = command("timeout", &["60", "env"]);
+    cmd.arg(format!("LD_PRELOAD={}", preload().display()))
+        .args(["MEMQUOTA_LIMIT=32m", &format!("MEMQUOTA_STATS_FILE={stats}")])
+        .arg(&bin)
+        .args(["3", "10"]);
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let counts: Vec<u64> =
+        stdout.lines().filter_map(|l| l.strip_prefix("refused ")).map(|n| n.parse().unwrap()).collect();
+    assert_eq!(counts.len(), 4, "{stdout}");
+    assert!(counts.iter().all(|&n| n >= 4), "each process is refused: {stdout}");
+    counts.iter().sum()
+}
+
+/// The `total` row of `memquota stat` over a tree: (processes, refusals, reports).
+fn tree_total(out: &Output) -> (u64, u64, u64) {
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let total =
+        stdout.lines().find(|l| l.trim_start().starts_with("total")).unwrap_or_else(|| panic!("{stdout}"));
+    let cells: Vec<&str> = total.split_whitespace().collect();
+    let n = |i: usize| cells[i].parse::<u64>().unwrap_or_else(|_| panic!("{total}"));
+    (n(1), n(cells.len() - 2), n(cells.len() - 1))
+}
+
+#[test]
+fn stat_sums_a_forking_servers_tree_from_a_directory() {
+    let dir = scratch("stat-tree");
+    let stats = format!("{}/", dir.join("stats").display());
+    let refused = forking_server(&stats);
+    let out = memquota(&["stat", &stats]);
+    let (processes, refusals, reports) = tree_total(&out);
+    assert_eq!((processes, refusals), (4, refused), "{}", text(&out.stdout));
+    // Each process writes a full report for its first refusal at least.
+    assert!(reports >= 4, "{}", text(&out.stdout));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().filter(|l| l.contains(" ended ")).count(), 4, "{stdout}");
+}
+
+#[test]
+fn stat_sums_files_named_with_the_pid() {
+    let dir = scratch("stat-tree-pid");
+    let refused = forking_server(&format!("{}/mq.%p.prom", dir.display()));
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().to_string_lossy().into_owned())
+        .filter(|p| p.ends_with(".prom"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 4, "{files:?}");
+    let mut args = vec!["stat"];
+    args.extend(files.iter().map(String::as_str));
+    assert_eq!(tree_total(&memquota(&args)).1, refused);
+}
+
+#[test]
+fn a_bad_stats_file_pattern_is_a_clear_error() {
+    let mut cmd = command("timeout", &["20", "env"]);
+    cmd.arg(format!("LD_PRELOAD={}", preload().display())).args(["MEMQUOTA_STATS_FILE=/tmp/mq.%d", "true"]);
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains("MEMQUOTA_STATS_FILE") && err.contains("%p"), "{err}");
+}

@@ -117,6 +117,7 @@ fn configure(options: &str) -> Result<(), String> {
             format!("memquota agent: option {item:?} has no value: expected key=value, e.g. limit=4g")
         })?;
         if key == STATS_FILE_OPTION {
+            crate::stats_file::check(value).map_err(|e| format!("memquota agent: {e}"))?;
             stats_file = Some(value.to_owned()).filter(|v| !v.is_empty());
             continue;
         }

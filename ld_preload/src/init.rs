@@ -135,6 +135,9 @@ pub(crate) fn own_path() -> Option<String> {
 
 fn read_settings() -> Result<Settings, String> {
     let stats_file = std::env::var(STATS_FILE).ok().filter(|p| !p.is_empty());
+    if let Some(path) = &stats_file {
+        stats_file::check(path).map_err(|e| format!("memquota: {STATS_FILE}: {e}"))?;
+    }
     let interval = match std::env::var(STATS_INTERVAL) {
         Err(_) => Duration::from_secs(1),
         Ok(v) => parse_interval(&v).ok_or_else(|| {

@@ -11,6 +11,11 @@
 //! still runs. At exit it also leaves a file that a bigger process wrote since this
 //! one began writing stats, even if that process has ended: a parent's last figures
 //! do not replace its bigger child's. A file left by an earlier run is replaced.
+//!
+//! A process tree (a server that forks a process per connection) is seen whole with
+//! one file per process: `%p` in the path stands for the pid, as in a core pattern,
+//! and a path that names a directory holds `memquota.<pid>.prom` for each process.
+//! The path is expanded at each write, so a fork child writes its own file.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -47,12 +52,61 @@ pub(crate) fn started() {
     STARTED.get_or_init(SystemTime::now);
 }
 
+/// The file name a process writes in a directory given as the path.
+pub(crate) fn file_in_directory(pid: u32) -> String {
+    format!("memquota.{pid}.prom")
+}
+
+/// Checks the path given (`MEMQUOTA_STATS_FILE`, `stats_file=`): `%` may only start
+/// `%p` (the pid) or `%%` (a percent sign). A path ending in `/` names a directory,
+/// made here if it does not exist (a failure to make it shows as no file, as any
+/// other write error does).
+pub(crate) fn check(given: &str) -> Result<(), String> {
+    let mut chars = given.chars();
+    while let Some(c) = chars.next() {
+        if c == '%' && !matches!(chars.next(), Some('p' | '%')) {
+            return Err(format!(
+                "bad stats file path {given:?}: a % must start %p (the process id) or %% (a percent sign)"
+            ));
+        }
+    }
+    if given.ends_with('/') {
+        let _ = std::fs::create_dir_all(given);
+    }
+    Ok(())
+}
+
+/// The file `pid` writes for the path given: `%p` expanded, and in a directory (one
+/// that exists, or a path ending in `/`) the file of its own.
+pub(crate) fn path_for(given: &str, pid: u32) -> String {
+    let mut path = String::with_capacity(given.len() + 8);
+    let mut chars = given.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '%' => match chars.next() {
+                Some('p') => path.push_str(&pid.to_string()),
+                // `%%`, and what `check` refused (never reached: the load failed).
+                Some(other) => path.push(other),
+                None => path.push('%'),
+            },
+            c => path.push(c),
+        }
+    }
+    if path.ends_with('/') {
+        path.push_str(&file_in_directory(pid));
+    } else if std::path::Path::new(&path).is_dir() {
+        path = format!("{path}/{}", file_in_directory(pid));
+    }
+    path
+}
+
 /// Writes the Prometheus text `render` appends (of a snapshot whose peak RSS is
-/// `rss_peak`) to `path`, atomically (a temporary file, then a rename), unless the
+/// `rss_peak`) to the file `given` names for this process ([`path_for`]), atomically (a temporary file, then a rename), unless the
 /// file speaks for a bigger process (see the module's comment). Errors are dropped:
 /// the stats file is a view, and the program runs on without it.
-pub(crate) fn write(path: &str, when: When, rss_peak: u64, render: impl FnOnce(&mut String)) {
+pub(crate) fn write(given: &str, when: When, rss_peak: u64, render: impl FnOnce(&mut String)) {
     let pid = std::process::id();
+    let path = &path_for(given, pid);
     // Without /proc the writers cannot be told apart (start 0): the file is written.
     let start = face::running_since(pid).unwrap_or(0);
     let me = Writer { pid, start, rss_peak };
@@ -96,6 +150,22 @@ fn left_to_another(path: &str, me: &Writer, when: When) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_names_one_file_per_process_with_a_pid_or_a_directory() {
+        assert_eq!(path_for("/tmp/mq.prom", 42), "/tmp/mq.prom");
+        assert_eq!(path_for("/tmp/mq.%p.prom", 42), "/tmp/mq.42.prom");
+        assert_eq!(path_for("/tmp/100%%-%p", 7), "/tmp/100%-7");
+        assert_eq!(path_for("/no/such/dir/", 7), "/no/such/dir/memquota.7.prom");
+        let dir = std::env::temp_dir();
+        let want = dir.join("memquota.9.prom");
+        assert_eq!(path_for(dir.to_str().unwrap(), 9), want.to_str().unwrap());
+        assert!(check("/tmp/a%p%%b").is_ok());
+        for bad in ["/tmp/a%d", "/tmp/a%"] {
+            let e = check(bad).unwrap_err();
+            assert!(e.contains(bad) && e.contains("%p"), "{e}");
+        }
+    }
 
     const ME: Writer = Writer { pid: 10, start: 500, rss_peak: 4 << 20 };
 
