@@ -20,6 +20,17 @@ extern "C" {
  * heap_committed_bytes, heap_used_bytes, oom_total, reclaims_total_sync, ... */
 size_t memquota_stats_json(char *buf, size_t len);
 
+/* The live task scopes and the scope manager's totals as one JSON object, written
+ * like memquota_stats_json. Keys: pool_bytes, share_bytes, begun, ended, ...,
+ * "scopes": [{"name", "id", "priority", "held_bytes", "peak_bytes",
+ * "allocated_bytes", "reserved_bytes", "threads", ..., "consumers": [...]}]. */
+size_t memquota_scopes_json(char *buf, size_t len);
+
+/* The figures an OOM report shows, as they are now (limit, native and heap,
+ * reclaims, scopes, jemalloc's view), written like memquota_stats_json. Not a
+ * refusal: nothing is counted. */
+size_t memquota_report_now(char *buf, size_t len);
+
 /* Sets the heap figures that count against the budget (a JVM's committed and used
  * heap, say). Which one counts is MEMQUOTA_HEAP (committed by default). */
 void memquota_set_heap_bytes(uint64_t committed, uint64_t used);
@@ -38,6 +49,14 @@ typedef void (*memquota_reclaim_fn)(size_t need, void *ctx);
 
 /* Registers the reclaim callback with its context; NULL unregisters. */
 void memquota_on_reclaim(memquota_reclaim_fn callback, void *ctx);
+
+/* A reclaim callback that only signals, for runtimes whose reclaim must run on a
+ * thread of their own (Python: the allocating thread may hold the interpreter lock):
+ * writes `need` as one native-endian uint64_t to the file descriptor
+ * (int)(intptr_t)ctx, an eventfd or the non-blocking write end of a pipe, and
+ * returns. Register it with memquota_on_reclaim(memquota_notify_fd, (void *)fd).
+ * It frees nothing itself, so the reclaim that called it measures nothing freed. */
+void memquota_notify_fd(size_t need, void *ctx);
 
 /* Task scopes (task memory managers; docs/scopes.md). A scope is a plain uint64_t
  * handle; it goes stale, harmlessly, when the scope ends. */

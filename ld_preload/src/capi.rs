@@ -17,6 +17,20 @@ use std::fmt::Write;
 pub unsafe extern "C" fn memquota_stats_json(buf: *mut c_char, len: size_t) -> size_t {
     face::flush_thread(&FACE);
     let stats = memquota_core::stats();
+    // SAFETY: the caller's contract, forwarded.
+    unsafe {
+        write_whole(buf, len, |w| {
+            let _ = memquota_core::write_json(w, &stats);
+        })
+    }
+}
+
+/// Writes `text` into `buf` like `snprintf`, the caller's contract being that of
+/// [`memquota_stats_json`]. Returns the length of the whole text.
+///
+/// # Safety
+/// `buf` is null with `len` 0, or valid for `len` bytes.
+unsafe fn write_whole(buf: *mut c_char, len: size_t, text: impl FnOnce(&mut SliceWriter<'_>)) -> size_t {
     let out: &mut [u8] = if buf.is_null() || len == 0 {
         &mut []
     } else {
@@ -25,12 +39,62 @@ pub unsafe extern "C" fn memquota_stats_json(buf: *mut c_char, len: size_t) -> s
     };
     let room = out.len().saturating_sub(1);
     let mut w = SliceWriter::new(&mut out[..room]);
-    let _ = memquota_core::write_json(&mut w, &stats);
+    text(&mut w);
     let full = w.len();
     if !out.is_empty() {
         out[full.min(room)] = 0;
     }
     full
+}
+
+/// Writes the live task scopes and the scope manager's totals as one JSON object
+/// (`"scopes"`: an array with each scope's name, id and figures) into `buf`, like
+/// [`memquota_stats_json`]. The calling thread's delta is flushed first.
+///
+/// # Safety
+/// `buf` is null with `len` 0, or valid for `len` bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn memquota_scopes_json(buf: *mut c_char, len: size_t) -> size_t {
+    face::flush_thread(&FACE);
+    let snap = memquota_core::MemoryManager::global().snapshot();
+    // SAFETY: the caller's contract, forwarded.
+    unsafe {
+        write_whole(buf, len, |w| {
+            let _ = memquota_core::write_scopes_json(w, &snap);
+        })
+    }
+}
+
+/// Writes the figures an OOM report shows, as they are now (limit, native and heap,
+/// reclaims, scopes, jemalloc's view), into `buf` like [`memquota_stats_json`]. Not a
+/// refusal: nothing is counted.
+///
+/// # Safety
+/// `buf` is null with `len` 0, or valid for `len` bytes.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn memquota_report_now(buf: *mut c_char, len: size_t) -> size_t {
+    face::flush_thread(&FACE);
+    let text = memquota_core::report_now();
+    // SAFETY: the caller's contract, forwarded.
+    unsafe {
+        write_whole(buf, len, |w| {
+            let _ = w.write_str(&text);
+        })
+    }
+}
+
+/// A reclaim callback for `memquota_on_reclaim` that only signals: it writes `need`
+/// as one native-endian `uint64_t` to the file descriptor `ctx` (an eventfd, or the
+/// non-blocking write end of a pipe) and returns. A runtime whose reclaim must run on
+/// a thread of its own (Python's, which needs the interpreter lock that the
+/// allocating thread may hold) waits on the other end. A full pipe drops the
+/// signal: one already waits there.
+#[cfg_attr(not(test), no_mangle)]
+pub extern "C" fn memquota_notify_fd(need: size_t, ctx: *mut c_void) {
+    let fd = ctx as usize as c_int;
+    let bytes = (need as u64).to_ne_bytes();
+    // SAFETY: `bytes` is valid for its length; a bad descriptor only fails the write.
+    let _ = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
 }
 
 /// Sets the heap figures that count against the budget (from a JVM, say).
