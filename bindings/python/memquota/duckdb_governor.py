@@ -45,6 +45,7 @@ class Governor:
         self._need = 0
         self._thread = None
         self.limit_bytes = None
+        self.spilled_peak = 0
         self.lowest = None
         self.updates = 0
         self.pressure_events = 0
@@ -52,9 +53,14 @@ class Governor:
         self.last_error = None
 
     def duckdb_bytes(self):
-        """What DuckDB's buffer manager holds now, in bytes (its own figure)."""
-        row = self._con.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()
-        return int(row[0])
+        """What DuckDB's buffer manager holds now, in bytes (its own figure). Notes
+        the most it had spilled to disk so far in ``spilled_peak``."""
+        held, spilled = self._con.execute(
+            "SELECT coalesce(sum(memory_usage_bytes), 0), coalesce(sum(temporary_storage_bytes), 0) "
+            "FROM duckdb_memory()"
+        ).fetchone()
+        self.spilled_peak = max(self.spilled_peak, int(spilled))
+        return int(held)
 
     def target(self, need=0):
         """The ``memory_limit`` the budget leaves DuckDB now."""
