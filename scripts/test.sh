@@ -36,6 +36,17 @@ timeout 1500 cargo test --release --workspace
 say "the README's main job: the demo runs to its end"
 timeout 120 cargo run --release --example demo >/dev/null
 
+say "Python: the wheel (scripts/wheel.sh) installed in a fresh venv with duckdb and pytest, its tests"
+# maturin reuses the release build above: only the command is linked again, stripped.
+wheel=$(scripts/wheel.sh | tail -n 1)
+base=$(python3 -c 'import sys; print(sys.executable)')   # python3 may be a pyenv shim
+rm -rf target/wheel-test-venv
+"$base" -m venv target/wheel-test-venv
+target/wheel-test-venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -q \
+    "$wheel" duckdb==2.0.0 pytest==9.2.0
+# From another directory: the installed package, never the source tree, is imported.
+(cd target && timeout 600 wheel-test-venv/bin/python -m pytest -v -s ../bindings/python/tests)
+
 say "library mode: a Rust JNI library with its own budget in a JVM (jvm_lib/, its own package and target dir)"
 # Its second run loads the library under the preload built above.
 preload_so="$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/libmemquota.so"
