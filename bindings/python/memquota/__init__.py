@@ -179,20 +179,35 @@ def on_pressure(callback):
     allocating thread may hold. What the callback frees helps the allocations after
     it, not the one that asked. Returns ``callback`` (usable as a decorator). Takes
     memquota's one reclaim slot for this process."""
-    global _pressure_thread
     lib = _native.lib()
     with _pressure_lock:
         _pressure_callbacks.append(callback)
         if _pressure_thread is None:
-            read_fd, write_fd = os.pipe()
-            os.set_blocking(write_fd, False)
-            t = threading.Thread(
-                target=_serve_pressure, args=(read_fd,), name="memquota-pressure", daemon=True
-            )
-            t.start()
-            lib.memquota_on_reclaim(lib.notify_fd_address, write_fd)
-            _pressure_thread = t
+            _start_pressure_thread(lib)
     return callback
+
+
+def _start_pressure_thread(lib):
+    global _pressure_thread
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    t = threading.Thread(target=_serve_pressure, args=(read_fd,), name="memquota-pressure", daemon=True)
+    t.start()
+    lib.memquota_on_reclaim(lib.notify_fd_address, write_fd)
+    _pressure_thread = t
+
+
+def _after_fork_in_child():
+    # The thread did not survive the fork, and the pipe is shared with the parent,
+    # whose thread would get the child's pressure: a pipe and a thread of its own.
+    global _pressure_lock, _pressure_thread
+    _pressure_lock = threading.Lock()
+    _pressure_thread = None
+    if _pressure_callbacks and _native.loaded():
+        _start_pressure_thread(_native.lib())
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def remove_pressure(callback):

@@ -205,3 +205,34 @@ def test_duckdb_governed_through_its_memory_limit_spills_and_stays_in_the_budget
     # Measured, not asserted: the same query with no knob under the same budget.
     proc, plain = query("plain")
     print(f"without the governor: status {proc.returncode}, {plain}", file=sys.stderr)
+
+
+def test_a_forked_child_gets_its_own_pressure_thread():
+    # The child's reclaims must reach the child's callbacks, not the parent's thread
+    # reading the pipe they share after the fork.
+    got, proc = run(
+        """
+        import json, os, threading, memquota
+        cache = []
+        done = threading.Event()
+        where = {}
+
+        def drop(need):
+            where.setdefault("pid", os.getpid())
+            cache.clear()
+            done.set()
+
+        memquota.on_pressure(drop)
+        pid = os.fork()
+        if pid == 0:
+            cache.extend(bytearray(8 << 20) for _ in range(6))
+            more = bytearray(32 << 20)
+            os._exit(0 if done.wait(30) and where.get("pid") == os.getpid() else 1)
+        _, status = os.waitpid(pid, 0)
+        print("result: " + json.dumps({"child_status": os.waitstatus_to_exitcode(status),
+              "parent_called": done.is_set()}))
+        """,
+        limit="128m",
+        env={"MEMQUOTA_SOFT_RATIO": "0.5"},
+    )
+    assert got["child_status"] == 0, proc.stderr
