@@ -14,6 +14,7 @@ cd "$(dirname "$0")/.."
 
 say() { printf '%s\n' "wheel: $*" >&2; }
 
+command -v strip >/dev/null || { say "strip is missing: install binutils"; exit 1; }
 py=$(scripts/venv.sh wheel-venv maturin==1.16.0 auditwheel==6.8.2 | tail -n 1)
 target=$(realpath -m "${CARGO_TARGET_DIR:-target}")
 

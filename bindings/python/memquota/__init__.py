@@ -107,6 +107,8 @@ class Scope:
         if self.handle == 0:
             raise RuntimeError(f"memquota scope {self.name!r}: too many scopes alive")
         if lib.memquota_scope_attach(self.handle) != 0:
+            lib.memquota_scope_end(self.handle, None, 0)
+            self.handle = 0
             raise RuntimeError(f"memquota scope {self.name!r}: cannot attach")
         stack = getattr(_attached, "stack", None)
         if stack is None:
