@@ -236,3 +236,37 @@ def test_a_forked_child_gets_its_own_pressure_thread():
         env={"MEMQUOTA_SOFT_RATIO": "0.5"},
     )
     assert got["child_status"] == 0, proc.stderr
+
+
+def test_over_the_limit_the_refusal_comes_at_once_and_the_callback_frees_for_the_retry():
+    # The allocating thread holds the interpreter lock while its 80 MiB bytearray is
+    # over the limit: the synchronous reclaim only signals and the bytearray is
+    # refused (MemoryError) without waiting for Python; the callback then drops the
+    # cache on its own thread, and the same request succeeds.
+    got, proc = run(
+        """
+        import json, threading, memquota
+        cache = [bytearray(8 << 20) for _ in range(8)]
+        done = threading.Event()
+
+        def drop(need):
+            cache.clear()
+            done.set()
+
+        memquota.on_pressure(drop)
+        try:
+            big = bytearray(80 << 20)
+            first = "granted"
+        except MemoryError:
+            first = "MemoryError"
+        ran = done.wait(30)
+        big = bytearray(80 << 20)
+        s = memquota.stats()
+        print("result: " + json.dumps({"first": first, "ran": ran, "second": len(big),
+              "oom_total": s["oom_total"], "sync": s["reclaims_total_sync"]}))
+        """,
+        limit="128m",
+    )
+    assert got["first"] == "MemoryError", got
+    assert got["ran"] is True and got["second"] == 80 << 20, got
+    assert got["oom_total"] >= 1 and got["sync"] >= 1, got
