@@ -8,7 +8,7 @@
 mod common;
 
 use common::{assert_ok, inherited_vars, lib, text, Metrics};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -21,6 +21,7 @@ struct Built {
     cxx: PathBuf,
     lazy: PathBuf,
     leader: PathBuf,
+    unwind: PathBuf,
 }
 
 fn built() -> &'static Built {
@@ -41,6 +42,7 @@ fn built() -> &'static Built {
             cxx: out.join("cxx"),
             lazy: out.join("lazy"),
             leader: out.join("leader"),
+            unwind: out.join("unwind"),
         };
         cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
@@ -52,6 +54,7 @@ fn built() -> &'static Built {
             "gcc",
             &["-O1", "-g", "-Wall", "-Werror", "-pthread", "leader.c", "-o", b.leader.to_str().unwrap()],
         );
+        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "unwind.c", "-o", b.unwind.to_str().unwrap()]);
         b
     })
 }
@@ -124,17 +127,78 @@ fn exports() -> BTreeSet<String> {
 }
 
 /// Where each exported function starts, by name.
-fn entry_addresses() -> std::collections::BTreeMap<String, u64> {
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().unwrap();
+fn entry_addresses() -> BTreeMap<String, u64> {
+    entry_extents().into_iter().map(|(name, (at, _))| (name, at)).collect()
+}
+
+/// Where each exported function starts and how many bytes of code it has, by name.
+fn entry_extents() -> BTreeMap<String, (u64, u64)> {
+    let out = Command::new("nm").args(["-D", "-S", "--defined-only"]).arg(lib()).output().unwrap();
     assert_ok(&out, "nm");
+    let hex = |v: &str| u64::from_str_radix(v, 16).unwrap();
     text(&out.stdout)
         .lines()
         .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (at, kind, name) = (f.next()?, f.next()?, f.next()?);
-            (kind == "T").then(|| (name.to_owned(), u64::from_str_radix(at, 16).unwrap()))
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                [at, size, "T", name] => Some((name.to_owned(), (hex(at), hex(size)))),
+                [at, "T", name] => Some((name.to_owned(), (hex(at), 0))),
+                _ => None,
+            }
         })
         .collect()
+}
+
+/// The code ranges that the library's unwind table describes: one per FDE in
+/// `readelf --debug-dump=frames`, as `start..end`.
+fn unwind_ranges() -> Vec<std::ops::Range<u64>> {
+    let out = Command::new("readelf").arg("--debug-dump=frames").arg(lib()).output().unwrap();
+    assert_ok(&out, "readelf --debug-dump=frames");
+    let ranges: Vec<_> = text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" FDE "))
+        .filter_map(|l| {
+            let (lo, hi) = l.split_once("pc=")?.1.split_once("..")?;
+            Some(u64::from_str_radix(lo, 16).unwrap()..u64::from_str_radix(hi.trim(), 16).unwrap())
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "no FDE in readelf's output:\n{}", text(&out.stdout));
+    ranges
+}
+
+/// A profiler that samples a PC inside a function with no unwind info, or a
+/// `backtrace()` from a signal handler that lands there, stops at it. malloc and free
+/// are written in assembly (`malloc.rs`), where the compiler adds none by itself:
+/// every exported function's code must lie inside one FDE.
+#[test]
+fn every_exported_function_has_unwind_info() {
+    let fdes = unwind_ranges();
+    let missing: Vec<String> = entry_extents()
+        .into_iter()
+        .filter(|(_, (at, size))| !fdes.iter().any(|r| r.start <= *at && at + size.max(&1) <= r.end))
+        .map(|(name, (at, size))| format!("{name} at {at:#x} ({size} bytes)"))
+        .collect();
+    assert!(missing.is_empty(), "exported functions no FDE covers: {missing:#?}");
+}
+
+/// What the unwind info is for, checked end to end: the trap flag single-steps
+/// malloc and free, and at each of their instructions `backtrace()` from the
+/// SIGTRAP handler must reach the caller's return address (tests/c/unwind.c).
+#[test]
+fn backtrace_from_a_signal_handler_inside_malloc_and_free_reaches_their_caller() {
+    let out = preloaded(&built().unwind, &[], &[]);
+    assert_ok(&out, "unwind");
+    let stdout = text(&out.stdout);
+    for name in ["malloc", "free"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} line: {}", common::said(&out)));
+        let numbers: Vec<u32> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        let [stepped, unwound] = numbers[..] else { panic!("{line}") };
+        assert!(stepped > 0 && !line.contains("never left"), "{line}");
+        assert_eq!(unwound, stepped, "{line}");
+    }
 }
 
 /// Where `malloc` and `free` start in a cache line moved the small-object benchmark
