@@ -2,8 +2,10 @@
 //! library preloaded, each under an outer `timeout` (a broken preload would hang a
 //! preloaded `timeout` too), and real programs whose output must not change.
 //!
-//! Needs `cargo build --release` first (scripts/test.sh does it), gcc and g++, and for
-//! the jemalloc API tests Debian's libjemalloc-dev (scripts/test.sh installs it).
+//! Needs `cargo build --release` first (scripts/test.sh does it), gcc, g++, binutils
+//! (`nm`, `readelf`), Debian's libjemalloc-dev for the jemalloc API tests, and
+//! libc++-dev and libc++abi-dev for the test with two private C++ runtimes
+//! (scripts/test.sh installs them).
 
 mod common;
 
@@ -727,6 +729,130 @@ fn cxx_sized_and_aligned_new_delete_are_exact_and_refusal_throws_bad_alloc() {
     assert_ok(&out, "cxx");
     let stdout = text(&out.stdout);
     assert!(stdout.contains("bad_alloc caught"), "{stdout}");
+}
+
+/// A C host with no C++ runtime of its own (tests/c/cxx_host.c) and the C++ library it
+/// dlopens (tests/c/cxx_lib.cc), built on libstdc++ with g++; `libcxx` is the same
+/// library built on LLVM's libc++, when [`cxx_on_libcxx`] asks for it.
+struct CxxHost {
+    host: PathBuf,
+    libstdcxx: PathBuf,
+}
+
+fn cxx_host() -> &'static CxxHost {
+    static BUILT: OnceLock<CxxHost> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = std::env::temp_dir().join(format!("memquota-cxx-host-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let b = CxxHost { host: out.join("cxx_host"), libstdcxx: out.join("libcxx_lib.so") };
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "cxx_host.c", "-ldl", "-o"], &b.host);
+        compile("g++", &["-O1", "-std=c++17", "-shared", "-fPIC", "cxx_lib.cc", "-o"], &b.libstdcxx);
+        b
+    })
+}
+
+/// tests/c/cxx_lib.cc on LLVM's libc++ (Debian's libc++-dev and libc++abi-dev), built
+/// by g++ with libc++'s headers: no clang needed.
+fn cxx_on_libcxx() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        assert!(
+            Path::new("/usr/include/c++/v1/new").exists(),
+            "libc++'s headers are missing: install libc++-dev and libc++abi-dev (scripts/test.sh does)"
+        );
+        let out = std::env::temp_dir().join(format!("memquota-cxx-host-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let lib = out.join("libcxx_lib_on_libcxx.so");
+        let flags =
+            ["-O1", "-std=c++17", "-shared", "-fPIC", "-nostdinc++", "-isystem", "/usr/include/c++/v1"];
+        let link = ["-nodefaultlibs", "cxx_lib.cc", "-lc++", "-lc++abi", "-lc", "-lgcc_s", "-o"];
+        compile("g++", &[&flags[..], &link[..]].concat(), &lib);
+        lib
+    })
+}
+
+/// `compiler args... out`, in tests/c.
+fn compile(compiler: &str, args: &[&str], out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let status = Command::new(compiler).current_dir(&src).args(args).arg(out).status().unwrap();
+    assert!(status.success(), "{compiler} {args:?} {} failed", out.display());
+}
+
+/// The host, under a 64 MiB limit, calling `function` of each library loaded `how`
+/// (`local` or `global`); its output must be one line per library, `<lib> <function>:
+/// <what it said>`, and what each said is returned in order.
+fn cxx_host_says(how: &str, function: &str, libraries: &[&Path]) -> Vec<String> {
+    let mut args = vec![how, function];
+    args.extend(libraries.iter().map(|l| l.to_str().unwrap()));
+    let out = preloaded(&cxx_host().host, &args, &[("MEMQUOTA_LIMIT", "64m")]);
+    assert_ok(&out, &format!("cxx_host {args:?}"));
+    let stdout = text(&out.stdout);
+    libraries
+        .iter()
+        .map(|lib| {
+            let prefix = format!("{} {function}: ", lib.display());
+            let line = stdout.lines().find(|l| l.starts_with(&prefix));
+            line.unwrap_or_else(|| panic!("no {prefix:?} line: {}", common::said(&out)))[prefix.len()..]
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Python loads every C++ extension `RTLD_LOCAL`: its C++ runtime is then invisible to
+/// `dlsym(RTLD_DEFAULT)`, and a refused `new` found nothing to throw with (it aborted).
+#[test]
+fn a_refused_new_in_a_cxx_library_loaded_rtld_local_is_caught() {
+    let said = cxx_host_says("local", "refused_new", &[&cxx_host().libstdcxx]);
+    assert_eq!(said, ["caught"]);
+}
+
+#[test]
+fn a_refused_new_in_a_cxx_library_loaded_rtld_global_is_caught() {
+    let said = cxx_host_says("global", "refused_new", &[&cxx_host().libstdcxx]);
+    assert_eq!(said, ["caught"]);
+}
+
+/// The library's new-handler frees a 40 MiB reserve under a 64 MiB limit: the `new`
+/// it was refused for is then granted, after one call.
+#[test]
+fn the_new_handler_of_a_private_cxx_runtime_is_honoured() {
+    let said = cxx_host_says("local", "new_handler_frees_a_reserve", &[&cxx_host().libstdcxx]);
+    assert_eq!(said, ["granted after 1 handler call(s)"]);
+}
+
+/// Two libraries loaded `RTLD_LOCAL`, one on libstdc++ and one on libc++ (two Python
+/// extensions): each must get its own runtime's `bad_alloc`, the one its `catch`
+/// matches, whichever was loaded first. The first runtime in load order for both
+/// terminated one of them.
+#[test]
+fn two_private_cxx_runtimes_each_catch_their_own_bad_alloc() {
+    let (gnu, llvm) = (cxx_host().libstdcxx.as_path(), cxx_on_libcxx().as_path());
+    for order in [[gnu, llvm], [llvm, gnu]] {
+        assert_eq!(cxx_host_says("local", "refused_new", &order), ["caught", "caught"], "{order:?}");
+        let said = cxx_host_says("local", "new_handler_frees_a_reserve", &order);
+        assert_eq!(said, ["granted after 1 handler call(s)"; 2], "{order:?}");
+    }
+}
+
+/// With no C++ runtime loaded there is nothing to throw with: the process aborts, and
+/// says why (it aborted with the report alone before).
+#[test]
+fn a_refused_new_with_no_cxx_runtime_loaded_says_so_and_aborts() {
+    let out = preloaded(&cxx_host().host, &["new"], &[("MEMQUOTA_LIMIT", "64m")]);
+    use std::os::unix::process::ExitStatusExt;
+    // `timeout` passes the child's signal on as 128 + signal.
+    let aborted =
+        out.status.signal() == Some(libc::SIGABRT) || out.status.code() == Some(128 + libc::SIGABRT);
+    assert!(aborted, "{}", common::said(&out));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("memquota: allocation refused"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "memquota: a C++ operator new was refused and no C++ runtime (libstdc++, libc++) was found among \
+             the loaded objects to throw std::bad_alloc with; aborting"
+        ),
+        "{stderr}"
+    );
 }
 
 /// The real python binary (`python3` may be a pyenv shell wrapper).
