@@ -37,7 +37,9 @@
 //! error message when a `dlsym` finds nothing) goes through the exported `malloc`
 //! like any other call, never through `operator new`, so it cannot come back here.
 
+use crate::tls::local;
 use libc::{c_char, c_int, c_void, size_t};
+use memquota_core::face;
 use std::ffi::CStr;
 use std::ptr::null_mut;
 
@@ -48,6 +50,8 @@ pub(crate) type Handler = unsafe extern "C-unwind" fn();
 pub(crate) struct Runtime {
     /// `std::get_new_handler()`, absent from runtimes older than C++11.
     get_new_handler: Option<unsafe extern "C" fn() -> Option<Handler>>,
+    /// `__cxa_get_globals()`: the thread's exception state, made on first use.
+    get_globals: Option<unsafe extern "C" fn() -> *mut c_void>,
     allocate_exception: unsafe extern "C" fn(size_t) -> *mut *const c_void,
     throw: unsafe extern "C-unwind" fn(*mut c_void, *mut c_void, *mut c_void) -> !,
     /// `std::bad_alloc`'s typeinfo, vtable and destructor.
@@ -60,6 +64,12 @@ impl Runtime {
     /// The runtime whose `bad_alloc` the code that called `operator new` catches (see
     /// the module's docs for the order), or `None` when no loaded object has one.
     pub(crate) fn of_caller() -> Option<Runtime> {
+        // The loader allocates as it looks (an error message for each miss, its
+        // per-thread error state): under the busy mark, those few bytes are counted and
+        // never refused, or a refusal of every small malloc (past the over-commit bound)
+        // makes dlopen fail with "out of memory" and the runtime go unfound. No user
+        // code runs until the mark is dropped.
+        let _busy = face::enter(local());
         // SAFETY: RTLD_DEFAULT is a valid scope for dlsym.
         unsafe { in_scope(libc::RTLD_DEFAULT) }.or_else(caller_scope).or_else(loaded_runtimes)
     }
@@ -75,9 +85,24 @@ impl Runtime {
         // The Itanium C++ ABI: allocate the exception, construct a bad_alloc in it (its
         // only member is the vtable pointer), and throw it with its typeinfo and
         // destructor.
-        // SAFETY: __cxa_allocate_exception takes any size; it returns room for the
-        // object or terminates the program itself.
-        let obj = unsafe { (self.allocate_exception)(std::mem::size_of::<*const c_void>()) };
+        let obj = {
+            // The runtime allocates to throw: the exception object, and at a thread's
+            // first throw its exception state, which for a runtime loaded by dlopen
+            // lives in dynamic TLS that glibc mallocs at first use, and a NULL there is
+            // fatal ("cannot allocate memory for thread-local data": DuckDB's worker
+            // threads under a limit that refused every small malloc). Both are made
+            // here under the ledger's busy mark, where a malloc is counted and never
+            // refused, as in the slow path's own: an exception object and one TLS
+            // block, a few hundred bytes per throw. The new-handler runs without it.
+            let _busy = face::enter(local());
+            if let Some(get) = self.get_globals {
+                // SAFETY: `__cxa_get_globals()` has no preconditions.
+                unsafe { get() };
+            }
+            // SAFETY: __cxa_allocate_exception takes any size; it returns room for the
+            // object or terminates the program itself.
+            unsafe { (self.allocate_exception)(std::mem::size_of::<*const c_void>()) }
+        };
         // SAFETY: a class's vtable pointer points two words into its vtable, past
         // offset-to-top and typeinfo: within bad_alloc's vtable, which is longer.
         let vptr = unsafe { self.vtable.add(2) };
@@ -120,12 +145,17 @@ unsafe fn in_scope(handle: *mut c_void) -> Option<Runtime> {
     let vtable = find(c"_ZTVSt9bad_alloc")?;
     let destructor = find(c"_ZNSt9bad_allocD1Ev")?;
     let get_new_handler = find(c"_ZSt15get_new_handlerv");
+    let get_globals = find(c"__cxa_get_globals");
     Some(Runtime {
         // SAFETY: the address of `std::get_new_handler()`, which has this signature
         // (Itanium ABI: no arguments, returns a nullable function pointer).
         get_new_handler: get_new_handler.map(|p| unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> Option<Handler>>(p)
         }),
+        // SAFETY: the address of `__cxa_get_globals()`, which has this signature (no
+        // arguments, returns the thread's `__cxa_eh_globals`).
+        get_globals: get_globals
+            .map(|p| unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> *mut c_void>(p) }),
         // SAFETY: the address of `__cxa_allocate_exception`, which has this signature.
         allocate_exception: unsafe {
             std::mem::transmute::<*mut c_void, unsafe extern "C" fn(size_t) -> *mut *const c_void>(

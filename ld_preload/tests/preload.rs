@@ -746,7 +746,11 @@ fn cxx_host() -> &'static CxxHost {
         std::fs::create_dir_all(&out).unwrap();
         let b = CxxHost { host: out.join("cxx_host"), libstdcxx: out.join("libcxx_lib.so") };
         compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "cxx_host.c", "-ldl", "-o"], &b.host);
-        compile("g++", &["-O1", "-std=c++17", "-shared", "-fPIC", "cxx_lib.cc", "-o"], &b.libstdcxx);
+        compile(
+            "g++",
+            &["-O1", "-std=c++17", "-shared", "-fPIC", "-pthread", "cxx_lib.cc", "-o"],
+            &b.libstdcxx,
+        );
         b
     })
 }
@@ -818,6 +822,25 @@ fn a_refused_new_in_a_cxx_library_loaded_rtld_global_is_caught() {
 fn the_new_handler_of_a_private_cxx_runtime_is_honoured() {
     let said = cxx_host_says("local", "new_handler_frees_a_reserve", &[&cxx_host().libstdcxx]);
     assert_eq!(said, ["granted after 1 handler call(s)"]);
+}
+
+/// A refused `new` when every small malloc is refused too (the account filled past the
+/// over-commit bound), in libstdc++'s own code, on a thread that never threw: the
+/// lookup's own allocations (the loader opening a dependency by name for the first
+/// time) and the throw's (the thread's exception state, in dynamic TLS that glibc
+/// mallocs at first use) are never refused. Loaded `RTLD_LOCAL`, the runtime went
+/// unfound ("no C++ runtime"); `RTLD_GLOBAL`, glibc died on the TLS ("cannot
+/// allocate memory for thread-local data"): DuckDB's worker threads did.
+#[test]
+fn the_first_throw_of_a_thread_is_caught_when_every_malloc_is_refused() {
+    for how in ["local", "global"] {
+        let said = cxx_host_says(
+            how,
+            "first_throw_of_a_thread_when_every_malloc_is_refused",
+            &[&cxx_host().libstdcxx],
+        );
+        assert_eq!(said, ["caught"], "{how}");
+    }
 }
 
 /// Two libraries loaded `RTLD_LOCAL`, one on libstdc++ and one on libc++ (two Python

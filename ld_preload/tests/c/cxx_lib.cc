@@ -2,8 +2,12 @@
 // is then the library's dependency, private to it under RTLD_LOCAL (how Python loads
 // every C++ extension). Each function says what a refused `new` did.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+#include <pthread.h>
+#include <unistd.h>
 
 // Where blocks go so that the compiler cannot elide a new/delete pair.
 static char *volatile sink;
@@ -46,4 +50,44 @@ extern "C" const char *new_handler_frees_a_reserve(void) {
         std::snprintf(said, sizeof said, "caught after %d handler call(s)", handler_calls);
     }
     return said;
+}
+
+// A thread's first throw, from a `new` in libstdc++'s own code (std::string's growth
+// is compiled there): the runtime is looked up while every small malloc is refused
+// (the loader allocates to open a dependency it has not opened by name before), and
+// it throws on a thread whose exception state does not exist yet (for a runtime
+// loaded by dlopen, dynamic TLS that glibc mallocs at first use; a NULL there is fatal:
+// "cannot allocate memory for thread-local data").
+static int go[2];
+static const char *fresh_said;
+
+static void *refuse_in_fresh_thread(void *) {
+    char wait;
+    if (read(go[0], &wait, 1) != 1) return nullptr;
+    try {
+        std::string s;
+        s.reserve((size_t)1 << 30);
+        fresh_said = "granted";
+    } catch (const std::bad_alloc &) {
+        fresh_said = "caught";
+    }
+    return nullptr;
+}
+
+// The account is filled with blocks from 1 MiB down to 16 bytes, each size until
+// malloc returns NULL, so that a small malloc is refused too; the thread is made
+// before (making one allocates) and refused after.
+extern "C" const char *first_throw_of_a_thread_when_every_malloc_is_refused(void) {
+    static void *held[4096];
+    size_t n = 0;
+    pthread_t thread;
+    if (pipe(go) != 0 || pthread_create(&thread, nullptr, refuse_in_fresh_thread, nullptr) != 0)
+        return "setup failed";
+    for (size_t size = 1 << 20; size >= 16; size /= 2)
+        while (n < 4096 && (held[n] = std::malloc(size)) != nullptr) n++;
+    bool filled = n < 4096 && std::malloc(16) == nullptr;
+    if (write(go[1], "g", 1) != 1) return "setup failed";
+    pthread_join(thread, nullptr);
+    while (n > 0) std::free(held[--n]);
+    return filled ? fresh_said : "could not fill the account";
 }
