@@ -34,8 +34,10 @@
 //! as the throw's own unwinding does), one at a time: never `dlopen` inside
 //! `dl_iterate_phdr`'s callback, where its write lock is held (a `dlopen` on another
 //! thread takes the two the other way round). What the loader allocates (an
-//! error message when a `dlsym` finds nothing) goes through the exported `malloc`
-//! like any other call, never through `operator new`, so it cannot come back here.
+//! error message when a `dlsym` finds nothing, the search list of an object it opens
+//! by name for the first time) goes through the exported `malloc` under the ledger's
+//! busy mark (counted, never refused), never through `operator new`, so it cannot
+//! come back here.
 
 use crate::tls::local;
 use libc::{c_char, c_int, c_void, size_t};
