@@ -206,6 +206,10 @@ pub struct Local {
     /// The thread's slot in the retry machine plus one (0: not in a retry block).
     /// Read on the slow path only.
     retry: Cell<u32>,
+    /// Requests of this thread that may wait for a free, alive now (the free signal's
+    /// waiters): a fork child's count of waiters starts from the forking thread's.
+    /// Read on the slow path only.
+    waiting: Cell<u32>,
     /// Bytes a gate in a retry block charged to the thread's scope and the account
     /// for the allocation that follows it ([`prepay_scoped`]).
     prepaid_scoped: Cell<u64>,
@@ -231,6 +235,7 @@ impl Local {
             busy: Cell::new(false),
             scope: Cell::new(0),
             retry: Cell::new(0),
+            waiting: Cell::new(0),
             prepaid_scoped: Cell::new(0),
             lag: Cell::new(0),
             lead: Cell::new(0),
@@ -529,6 +534,12 @@ pub(crate) fn scope_of(l: &Local) -> u64 {
 /// The thread's slot in the retry machine, if it is in a retry block.
 pub(crate) fn retry_slot(l: &Local) -> Option<usize> {
     l.retry.get().checked_sub(1).map(|i| i as usize)
+}
+
+/// The thread's count of its requests that may wait for a free
+/// ([`tables::signal::Waiter`]).
+pub(crate) fn waiting(l: &Local) -> &Cell<u32> {
+    &l.waiting
 }
 
 /// Sets (or, `None`, clears) the thread's slot in the retry machine.

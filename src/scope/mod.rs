@@ -77,7 +77,8 @@ pub(crate) fn before_fork() {
 }
 
 /// The scopes' part of a fork's parent and child handlers: releases their locks; in
-/// the child, forgets the waiters and spills of threads that did not survive it.
+/// the child, forgets the waiters and spills of threads that did not survive it, and
+/// keeps the forking thread's.
 ///
 /// # Safety
 /// Only from the parent or child handler of the fork whose prepare handler called
@@ -93,8 +94,9 @@ pub(crate) unsafe fn after_fork(child: bool) {
             // busy in the child, and the retry machine must not wait on them.
             POOL.lock().after_fork_child(ledger::this_thread().map_or(0, ledger::scope_of));
         }
-        signal::after_fork(child);
-        let survivor = ledger::this_thread().and_then(ledger::retry_slot);
+        let me = ledger::this_thread();
+        signal::after_fork(child, me.map_or(0, |l| ledger::waiting(l).get()));
+        let survivor = me.and_then(ledger::retry_slot);
         crate::tables::retry::after_fork(child, survivor);
     }
 }

@@ -144,7 +144,7 @@ pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
         return Verdict::Rolled(Rollback::Split);
     }
     let rank = rank_of(task).unwrap_or((u64::MAX, u64::MAX));
-    let _waiter = Waiter::new();
+    let _waiter = Waiter::new(ledger::waiting(l));
     machine().block(i, task, rank, need, held.min(pool - need), first);
     let deadline = Instant::now() + retry_wait();
     let mut waited = false;
@@ -180,7 +180,7 @@ pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
 /// wait.
 fn wait_until_further_notice(l: &Local, i: usize, task: u64) {
     let _busy = ledger::enter(l);
-    let _waiter = Waiter::new();
+    let _waiter = Waiter::new(ledger::waiting(l));
     let _yielding = Yielding::new(task);
     machine().set(i, State::Bufn);
     let deadline = Instant::now() + retry_wait();
