@@ -55,6 +55,7 @@ fn main() {
                 "a_fork_from_a_spill_callback_keeps_its_wait_counted",
                 a_fork_from_a_spill_callback_keeps_its_wait_counted,
             ),
+            ("a_panicking_report_hook_is_caught_and_counted", a_panicking_report_hook_is_caught_and_counted),
         ],
         BUDGET,
     );
@@ -685,4 +686,53 @@ fn a_wait_is_woken_by_a_free() {
     assert!(took < BOUND, "the free did not wake the waiting request: it slept out its bound");
     full.end();
     late.end();
+}
+
+// ---- a panicking report hook --------------------------------------------------------
+
+static HOOK_CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn panicking_hook(_: &str) {
+    HOOK_CALLS.fetch_add(1, SeqCst);
+    panic!("a report hook panics on purpose");
+}
+
+/// Issue 30, item 4: a report hook that panics. The refusal's report, the summary of
+/// the refusals a window held back (`flush_quiet`, at a preloaded program's exit) and a
+/// scope's leak notice each call it; the panic must not unwind out of the global
+/// allocator (an abort) or out of the scope's drop: the allocation is refused as
+/// usual, the process goes on, and each panic is counted.
+fn a_panicking_report_hook_is_caught_and_counted() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(panicking_hook);
+    let before = memquota::stats();
+    // Through an opaque pointer: the allocator's entry points are declared not to
+    // unwind, and a direct call would let the compiler drop the catch around it.
+    let alloc: fn(u64) -> Option<Vec<u8>> = std::hint::black_box(try_alloc);
+    let refused = [
+        catch_unwind(|| alloc(128 * MIB).is_none()).ok(),
+        catch_unwind(|| alloc(128 * MIB).is_none()).ok(), // in the window: held back
+    ];
+    let quiet = catch_unwind(memquota::face::flush_quiet).is_ok();
+    let leak = catch_unwind(|| {
+        let scope = mm().begin("leaky", 1, 0).unwrap();
+        let attached = scope.attach().unwrap();
+        std::mem::forget(vec![1u8; 4096]);
+        drop(attached);
+        drop(scope); // ends it, with a leak notice
+    })
+    .is_ok();
+    let after = memquota::stats();
+    let calls = HOOK_CALLS.load(SeqCst);
+    memquota::set_report_hook(memquota::face::write_stderr);
+    println!(
+        "  refusals {refused:?} ({} counted), summary returned: {quiet}, leak notice returned: {leak}; \
+         hook called {calls} times",
+        after.ooms - before.ooms
+    );
+    assert_eq!(refused, [Some(true); 2], "each refusal returned null (Err), no panic escaped");
+    assert!(quiet && leak, "no panic escaped the summary or the leak notice");
+    assert_eq!(after.ooms - before.ooms, 2);
+    assert_eq!(calls, 3, "the report, the summary, the leak notice");
+    assert_eq!(after.report_hook_panics - before.report_hook_panics, 3, "each panic counted");
 }

@@ -12,7 +12,8 @@ mod common;
 
 use memquota::{Config, Error, MemoryManager, OnOom, QuotaAlloc, Reservation, ScopeHandle, ScopeStats};
 use std::alloc::Layout;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 #[global_allocator]
@@ -553,6 +554,74 @@ fn a_thread_that_exits_attached_leaves_its_scope() {
     assert_eq!(scope.end().leaked_bytes as i64, 2000 + runtime);
 }
 
+/// The guard in a late destructor was dropped after the exit flush (the thread had no
+/// slack left).
+static LATE_AFTER_THE_EXIT_FLUSH: AtomicBool = AtomicBool::new(false);
+
+/// A thread-specific-data key whose destructor drops the `AttachGuard` its value holds:
+/// glibc runs such destructors after every thread-local destructor, memquota's exit
+/// flush among them, as a C library's clean-up of a thread would.
+fn late_key() -> libc::pthread_key_t {
+    static KEY: OnceLock<libc::pthread_key_t> = OnceLock::new();
+    *KEY.get_or_init(|| {
+        let mut key = 0;
+        // SAFETY: `key` is a valid out-pointer; the destructor has the signature asked for.
+        assert_eq!(unsafe { libc::pthread_key_create(&mut key, Some(drop_late_guard)) }, 0);
+        key
+    })
+}
+
+extern "C" fn drop_late_guard(value: *mut libc::c_void) {
+    // Past its exit flush a thread has no slack: a charge is flushed at once.
+    memquota::flush_thread();
+    let probe = std::hint::black_box(Box::new([0u8; 100]));
+    LATE_AFTER_THE_EXIT_FLUSH.store(memquota::thread_pending() == 0, SeqCst);
+    drop(probe);
+    // SAFETY: the key's values are only ever `Box<AttachGuard>`s leaked on this thread.
+    drop(unsafe { Box::from_raw(value.cast::<memquota::AttachGuard>()) });
+}
+
+/// Issue 30, item 5: a thread attached to S for its life moves to T with a guard that
+/// a thread-specific-data destructor drops after memquota's exit flush. The guard's drop must
+/// not put the dead thread back into S: S would count a thread for ever, stay busy, and
+/// narrow every other scope's fair share.
+fn a_guard_dropped_after_the_exit_flush_leaves_no_thread_attached() {
+    memquota::set_report_hook(quiet);
+    mm().set_pool(100 * MIB);
+    let s = mm().begin("attached for life", 1, 0).unwrap();
+    let t = mm().begin("late guard", 2, 0).unwrap();
+    let (hs, ht) = (s.handle(), t.handle());
+    std::thread::spawn(move || {
+        std::mem::forget(hs.attach().unwrap());
+        let p = alloc(1000);
+        free(p, 1000);
+        let late = Box::into_raw(Box::new(ht.attach().unwrap()));
+        // SAFETY: the key exists; its destructor takes the box back.
+        assert_eq!(unsafe { libc::pthread_setspecific(late_key(), late.cast()) }, 0);
+    })
+    .join()
+    .unwrap();
+    let after_flush = LATE_AFTER_THE_EXIT_FLUSH.load(SeqCst);
+    let (ss, ts) = (stats(hs), stats(ht));
+    t.end();
+    let asker = mm().begin("asker", 3, 0).unwrap();
+    let got = asker.reserve_up_to(80 * MIB).unwrap().bytes();
+    println!(
+        "  guard dropped after the exit flush: {after_flush}; threads attached: S {}, T {}; \
+         a new scope's share of 100 MiB: {} MiB",
+        ss.threads,
+        ts.threads,
+        got / MIB
+    );
+    assert!(after_flush, "the precondition: the guard dropped after the exit flush");
+    assert_eq!((ss.threads, ts.threads), (0, 0), "the dead thread is attached nowhere");
+    assert_eq!(got, 80 * MIB, "S is idle: it does not narrow the share");
+    asker.end();
+    s.end();
+    mm().set_pool(0);
+    memquota::set_report_hook(memquota::face::write_stderr);
+}
+
 fn a_refused_reservation_never_aborts() {
     // Under MEMQUOTA_ON_OOM=abort a refused allocation aborts; a refused reservation
     // returns its error (with a report), at the scope level and the process level.
@@ -761,6 +830,10 @@ fn main() {
             vectors_grown_by_realloc_are_credited_wherever_freed,
         ),
         ("a_thread_that_exits_attached_leaves_its_scope", a_thread_that_exits_attached_leaves_its_scope),
+        (
+            "a_guard_dropped_after_the_exit_flush_leaves_no_thread_attached",
+            a_guard_dropped_after_the_exit_flush_leaves_no_thread_attached,
+        ),
         ("a_refused_reservation_never_aborts", a_refused_reservation_never_aborts),
         (
             "frees_of_memory_allocated_outside_a_scope_credit_the_process",

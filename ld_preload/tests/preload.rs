@@ -420,6 +420,40 @@ fn retry_blocks_through_the_c_abi_roll_back_split_and_complete() {
     assert_eq!(stat("retry_threads_running") + stat("blocked_threads"), 0, "every block ended");
 }
 
+/// Issue 30, item 5, through the C ABI (`retry.c ends`). A scope ends while two of its
+/// threads wait in retry blocks (a malloc and a reservation of 200 MiB beside 100 MiB
+/// held outside, under 256 MiB; a third thread attached outside any block keeps the
+/// machine from acting, so only the 10 s watchdog would end the waits): both wake at
+/// once, the malloc with NULL, `ENOMEM` and `MEMQUOTA_REFUSAL_SCOPE_ENDED`, the
+/// reservation with `-EINVAL`. Then a thread attached to S for its life ends a retry
+/// block of T from a thread-specific-data destructor that runs after the preload's
+/// exit flush: the dead thread must not be put back into S, which would narrow a new
+/// scope's fair share to half the pool for ever.
+#[test]
+fn ends_from_elsewhere_wake_waiters_and_leave_no_thread_attached() {
+    let out = preloaded(&built().retry, &["ends"], &[("MEMQUOTA_LIMIT", "256m")]);
+    assert_ok(&out, "retry ends");
+    let stdout = text(&out.stdout);
+    let value = |key: &str| -> String {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"));
+        line[key.len() + 1..].to_owned()
+    };
+    let ms = |line: &str| -> u64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+    println!("{stdout}");
+    let scope_ended = 3; // MEMQUOTA_REFUSAL_SCOPE_ENDED
+    let (malloc, reserve) = (value("ended_malloc"), value("ended_reserve"));
+    assert!(
+        malloc.starts_with(&format!("granted 0 errno {} why {scope_ended} ms ", libc::ENOMEM)),
+        "{stdout}"
+    );
+    assert!(reserve.starts_with(&format!("got {} why {scope_ended} ms ", -libc::EINVAL)), "{stdout}");
+    assert!(ms(&malloc) < 2000 && ms(&reserve) < 2000, "woken at once, not by the watchdog: {stdout}");
+    assert_eq!(value("late_end"), format!("rc 0 after_flush 1 share {}", 200 << 20), "{stdout}");
+}
+
 #[test]
 fn every_entry_point_is_counted_exactly_and_behaves_like_glibc() {
     let out = probe(&["entry"], &[]);

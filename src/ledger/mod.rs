@@ -554,10 +554,24 @@ pub(crate) fn attribute(l: &Local, bytes: i64) -> i64 {
 }
 
 /// Moves the thread to scope `to`, settling its delta into the scope it leaves (and
-/// that into the account). Returns the scope it left.
-pub(crate) fn switch_scope(l: &Local, face: &Face, to: u64) -> u64 {
+/// that into the account). Returns the scope it left; `None`, the thread left where it
+/// is, when `to` is a scope and the thread has no exit flush to come: its flush ran
+/// already (a thread-exit destructor that runs after it detaches or ends a retry
+/// block) or could not be registered. Nothing would take such a thread out of `to`
+/// again, and its scope would count it attached for ever.
+pub(crate) fn switch_scope(l: &Local, face: &Face, to: u64) -> Option<u64> {
     ACCOUNT.add(settle(l, face));
-    l.scope.replace(to)
+    if to != 0 && !has_exit_flush(l) {
+        return None;
+    }
+    Some(l.scope.replace(to))
+}
+
+/// Whether the thread's exit flush is still to come (it is registered, and has not
+/// run): only such a thread may join a scope or the retry machine, whose places the
+/// flush gives back. A fresh thread registers at its first slow path ([`settle`]).
+pub(crate) fn has_exit_flush(l: &Local) -> bool {
+    l.phase.get() != Phase::Exited
 }
 
 /// The exit flush: moves the thread's delta to the account and makes every later
