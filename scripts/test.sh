@@ -15,6 +15,9 @@ for tool in gcc:gcc g++:g++ nm:binutils timeout:coreutils sort:coreutils java:de
 done
 # The preload's jemalloc API tests compile a program with -ljemalloc (Debian's jemalloc).
 [ -e /usr/include/jemalloc/jemalloc.h ] || need+=(libjemalloc-dev)
+# The preload's C++ tests build a library on LLVM's libc++ too (with g++), for a process
+# with two private C++ runtimes.
+[ -e /usr/include/c++/v1/new ] && [ -e /usr/lib/x86_64-linux-gnu/libc++abi.so ] || need+=(libc++-dev libc++abi-dev)
 if [ ${#need[@]} -gt 0 ]; then
     echo "installing: ${need[*]}"
     SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo

@@ -24,7 +24,9 @@ pub enum Error {
     },
     /// The JVM could not be reached or driven (feature `jvm`).
     Jvm(String),
-    /// The scope has ended (or the handle never named one).
+    /// The scope has ended (or the handle never named one). Also what a request blocked
+    /// in a retry block, or a thread waiting there to run its attempt again, gets when
+    /// its scope ends under it (at once).
     ScopeEnded,
     /// The scope or consumer table is full.
     TooManyScopes,

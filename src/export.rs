@@ -20,6 +20,8 @@ pub mod metric {
     #[allow(missing_docs)]
     pub const HEAP_USED_BYTES: &str = "memquota_heap_used_bytes";
     #[allow(missing_docs)]
+    pub const REPORT_HOOK_PANICS_TOTAL: &str = "memquota_report_hook_panics_total";
+    #[allow(missing_docs)]
     pub const JEMALLOC_ACTIVE_BYTES: &str = "memquota_jemalloc_active_bytes";
     #[allow(missing_docs)]
     pub const JEMALLOC_ALLOCATED_BYTES: &str = "memquota_jemalloc_allocated_bytes";
@@ -155,7 +157,7 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 56] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 57] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     let c = &s.container;
     [
@@ -226,6 +228,11 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 56] {
             counter(HEAP_PROBE_PANICS_TOTAL, "Heap probe calls that panicked (caught)."),
             "",
             s.heap_probe_panics,
+        ),
+        (
+            counter(REPORT_HOOK_PANICS_TOTAL, "Report hook calls that panicked (caught)."),
+            "",
+            s.report_hook_panics,
         ),
         (gauge(JEMALLOC_ALLOCATED_BYTES, "jemalloc stats.allocated."), "", s.jemalloc.allocated),
         (gauge(JEMALLOC_ACTIVE_BYTES, "jemalloc stats.active."), "", s.jemalloc.active),

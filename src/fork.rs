@@ -3,8 +3,10 @@
 //! them when the process is copied; the parent handler releases them; the child
 //! handler releases them too, after resetting what the threads that did not survive
 //! the fork left behind (a reclaim in flight, waiters, the background worker, the
-//! live-thread count). What those threads had not flushed stays in the child's error
-//! bound (`ledger::after_fork_child`).
+//! live-thread count, a first configuration or purge decision under way, which the
+//! child would otherwise wait for for ever). What those threads had not flushed stays
+//! in the child's error bound (`ledger::after_fork_child`). What the forking thread
+//! holds itself (its waiters, its spill mark, its retry slot) stays.
 //!
 //! None of the handlers allocates: jemalloc's own fork handlers hold its locks around
 //! ours when ours were registered first.
@@ -56,6 +58,7 @@ extern "C" fn child() {
         crate::scope::after_fork(true);
         crate::report::after_fork(true);
         reclaim::after_fork(true);
+        crate::settings::after_fork_child();
         crate::untracked::after_fork_child();
         crate::purge::after_fork_child();
         ledger::after_fork_child(ledger::this_thread());

@@ -120,6 +120,7 @@ pub mod face {
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
         retry_end_raw, scopes_used,
     };
+    pub use crate::settings::{set_window_hook, Window};
     pub use crate::size_class::{self_check, small_usable, usable, SMALL_MAX};
     pub use crate::slow_path::{charge_slow, charge_taken, end_gate, flush_thread, make_room, record};
     pub use crate::tables::retry::Rollback;

@@ -395,6 +395,7 @@ pub(crate) fn take_over_decay() {
         }
         return;
     }
+    crate::settings::in_window(crate::settings::Window::DecayDecision);
     let decided = if users_own_purging() {
         USERS
     } else {
@@ -406,7 +407,13 @@ pub(crate) fn take_over_decay() {
 
 /// From the fork child handler: the service thread did not survive the fork.
 /// Allocates nothing and calls no jemalloc (its locks may still be held).
+///
+/// A decision another thread was making when the process forked never ends in the
+/// child, and [`take_over_decay`] (the child's `init`) would wait for it for ever. It
+/// may have turned the decay off on some arenas already: the child takes it as made
+/// for memquota, so its first slow path gives jemalloc its own decay back.
 pub(crate) fn after_fork_child() {
+    let _ = DECAY.compare_exchange(DECIDING, OURS, Relaxed, Relaxed);
     if DECAY.load(Relaxed) == OURS {
         ORPHANED.store(true, Relaxed);
     }

@@ -18,9 +18,10 @@ use std::fmt::{self, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
-/// A receiver of OOM reports. Called on the refusing thread, inside the allocator:
-/// it may allocate (that is charged, never refused), must not panic, and should be
-/// quick.
+/// A receiver of OOM reports. Called on the refusing thread, inside the allocator,
+/// with no lock of memquota's held: it may allocate (that is charged, never refused)
+/// and should be quick. A panic in it is caught and counted
+/// (`Stats::report_hook_panics`); the refusal goes on as usual.
 pub type ReportHook = fn(&str);
 
 static HOOK: Mutex<ReportHook> = Mutex::new(write_stderr);
@@ -75,6 +76,7 @@ static FLOOD: Mutex<Flood> = Mutex::new(Flood {
 static WRITING: AtomicBool = AtomicBool::new(false);
 static FULL_REPORTS: AtomicU64 = AtomicU64::new(0);
 static REFUSALS: AtomicU64 = AtomicU64::new(0);
+static HOOK_PANICS: AtomicU64 = AtomicU64::new(0);
 
 /// Refusals so far (each one, reported in full or not).
 pub(crate) fn refusals() -> u64 {
@@ -84,6 +86,22 @@ pub(crate) fn refusals() -> u64 {
 /// Full reports handed to the hook so far.
 pub(crate) fn full_reports() -> u64 {
     FULL_REPORTS.load(Relaxed)
+}
+
+/// Calls of the report hook that panicked (caught).
+pub(crate) fn hook_panics() -> u64 {
+    HOOK_PANICS.load(Relaxed)
+}
+
+/// Hands `text` to the hook, copied out of its lock first: the hook is user code, and
+/// a lock held across it could be one its own thread, or a thread it waits for, needs.
+/// A panic must not unwind out of the allocator (or a scope's drop): it is caught and
+/// counted.
+fn call_hook(text: &str) {
+    let hook = *lock(&HOOK);
+    if std::panic::catch_unwind(|| hook(text)).is_err() {
+        HOOK_PANICS.fetch_add(1, Relaxed);
+    }
 }
 
 /// The right to write one full report; dropping it ends the writing.
@@ -147,8 +165,7 @@ pub fn flush_quiet() {
     if quiet.count > 0 {
         let mut buf = FixedBuf::new();
         let _ = write_quiet(&mut buf, &quiet);
-        let hook = *lock(&HOOK);
-        hook(buf.as_str());
+        call_hook(buf.as_str());
     }
 }
 
@@ -225,8 +242,7 @@ pub(crate) struct Refusal {
 pub(crate) fn note(args: fmt::Arguments<'_>) {
     let mut buf = FixedBuf::new();
     let _ = buf.write_fmt(args);
-    let hook = *lock(&HOOK);
-    hook(buf.as_str());
+    call_hook(buf.as_str());
 }
 
 /// Writes the report, after the summary of the refusals held back before it, and
@@ -242,8 +258,7 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
     let _ = last.write_str(&buf.as_str()[start..]);
     *lock(&LAST) = last;
     FULL_REPORTS.fetch_add(1, Relaxed);
-    let hook = *lock(&HOOK);
-    hook(buf.as_str());
+    call_hook(buf.as_str());
     drop(turn);
 }
 

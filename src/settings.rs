@@ -6,6 +6,7 @@
 use crate::config::{Config, HeapMode, Limit, OnOom, Untracked};
 use crate::quota::{threshold_for, Quota, MIN_THRESHOLD};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 const UNCONFIGURED: u8 = 0;
@@ -81,15 +82,60 @@ fn ms(d: Duration) -> u64 {
 /// first-use configuration another thread may be running (it must not overwrite this
 /// one afterwards).
 pub(crate) fn configure(config: &Config, limit: u64) {
-    while SETTINGS
-        .state
-        .compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed)
-        .is_err_and(|s| s == CONFIGURING)
-    {
-        std::thread::yield_now();
+    let first = loop {
+        match SETTINGS.state.compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed) {
+            Ok(_) => break true,
+            Err(CONFIGURING) => std::thread::yield_now(),
+            Err(_) => break false,
+        }
+    };
+    if first {
+        in_window(Window::Configure);
     }
     apply(config, limit);
     SETTINGS.state.store(READY, Release);
+}
+
+/// From the fork child handler: a first configuration another thread was running
+/// when the process forked never ends in the child (that thread is gone), and
+/// [`configure`] would wait for it for ever. The child has never been configured:
+/// its next slow path, or `init`, configures it. Allocates nothing.
+pub(crate) fn after_fork_child() {
+    let _ = SETTINGS.state.compare_exchange(CONFIGURING, UNCONFIGURED, Relaxed, Relaxed);
+}
+
+/// A step of the first use that one thread takes while the others wait for it to end
+/// (they spin on a flag it set, so a fork child handler must reset that flag: the
+/// thread that set it does not survive the fork).
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Window {
+    /// The first configuration, from `MEMQUOTA_*` or `init`.
+    Configure,
+    /// The decision on who runs jemalloc's purging (`purge.rs`).
+    DecayDecision,
+}
+
+static WINDOW_HOOK: OnceLock<fn(Window)> = OnceLock::new();
+
+/// A test point, not part of the API: `hook` runs inside each [`Window`], on the
+/// thread that holds it, once the flag that makes other threads wait is set. A test
+/// parks that thread there and forks from another one (`tests/fork_windows.rs`): a
+/// window a fork cuts short otherwise lasts microseconds and happens once per
+/// process. Set once per process (false if a hook was set before). A panic in the
+/// hook is caught. It may run inside the allocator (a first configuration on the
+/// slow path, busy-marked; the decision on the exempt sampler thread): what it
+/// allocates there is charged, never refused.
+pub fn set_window_hook(hook: fn(Window)) -> bool {
+    WINDOW_HOOK.set(hook).is_ok()
+}
+
+/// Calls the test point's hook, if one is set ([`set_window_hook`]).
+pub(crate) fn in_window(window: Window) {
+    if let Some(hook) = WINDOW_HOOK.get() {
+        let _ = std::panic::catch_unwind(|| hook(window));
+    }
 }
 
 fn apply(config: &Config, limit: u64) {
@@ -139,6 +185,7 @@ fn configure_from_env() {
     if SETTINGS.state.compare_exchange(UNCONFIGURED, CONFIGURING, Acquire, Relaxed).is_err() {
         return; // configured, or being configured by another thread: unlimited till then
     }
+    in_window(Window::Configure);
     match Config::from_env().and_then(|c| c.resolve_limit().map(|limit| (c, limit))) {
         Ok((config, limit)) => apply(&config, limit),
         Err(e) => {

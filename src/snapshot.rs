@@ -38,6 +38,7 @@ pub fn stats() -> Stats {
         reclaims_background: counts.background.load(Relaxed),
         reclaim_panics: counts.panics.load(Relaxed),
         heap_probe_panics: heap_probe::panics(),
+        report_hook_panics: report::hook_panics(),
         reclaims_throttled: counts.throttled.load(Relaxed),
         reclaimed_bytes: counts.freed.load(Relaxed),
         purges_budget: purges.budget,

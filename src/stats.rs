@@ -162,6 +162,8 @@ pub struct RetryStats {
     pub timeouts: u64,
     /// Threads that gave up after the most rollbacks allowed.
     pub retry_limit: u64,
+    /// Waits ended because the waiting thread's scope ended (`Error::ScopeEnded`).
+    pub scope_ended: u64,
     /// Retry blocks run without the machine (its table was full).
     pub unregistered: u64,
 }
@@ -182,6 +184,7 @@ impl RetryStats {
         splits: 0,
         timeouts: 0,
         retry_limit: 0,
+        scope_ended: 0,
         unregistered: 0,
     };
 }
@@ -267,6 +270,8 @@ pub struct Stats {
     pub reclaim_panics: u64,
     /// Calls of a heap probe function that panicked (caught; its last figures stood in).
     pub heap_probe_panics: u64,
+    /// Calls of the report hook that panicked (caught; the refusal went on as usual).
+    pub report_hook_panics: u64,
     /// Reclaim requests turned away by the rate limit or the futility suspension.
     pub reclaims_throttled: u64,
     /// Bytes the reclaims were measured to free, in total.

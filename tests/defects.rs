@@ -8,7 +8,7 @@ mod support;
 use memquota::{Config, Error, HeapBytes, HeapProbe, MemoryManager, QuotaAlloc, Reservation};
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 use support::{Size, KIB, MIB};
@@ -51,6 +51,11 @@ fn main() {
                 reclaim_callback_allocations_are_never_policed,
             ),
             ("service_thread_started_at_the_limit_lives", service_thread_started_at_the_limit_lives),
+            (
+                "a_fork_from_a_spill_callback_keeps_its_wait_counted",
+                a_fork_from_a_spill_callback_keeps_its_wait_counted,
+            ),
+            ("a_panicking_report_hook_is_caught_and_counted", a_panicking_report_hook_is_caught_and_counted),
         ],
         BUDGET,
     );
@@ -598,4 +603,136 @@ fn service_thread_started_at_the_limit_lives() {
     let name = WORKER_NAME.lock().unwrap().clone();
     println!("  {name:?} ran a reclaim with {} of {} taken", Size(s.native), Size(s.limit));
     assert_eq!(name, "memquota-reclai", "the kernel keeps 15 bytes of the name");
+}
+
+// ---- a fork from a spill callback, inside a request that waited ----------------------
+
+/// Set in the fork child by the spill callback; the child's pid in the parent.
+static IN_FORK_CHILD: AtomicBool = AtomicBool::new(false);
+static FORK_CHILD: AtomicI32 = AtomicI32::new(0);
+
+/// A request below its share waits for a free (registered as a waiter), waits out its
+/// bound, then spills another scope's consumer, whose callback forks: in the child the
+/// forking thread still holds the registration, and drops it when the request ends.
+/// The child's count of waiters must keep it: it was zeroed, the drop wrapped it to
+/// `u32::MAX`, the next waiter's registration brought it back to 0, and frees woke no
+/// one: that waiter slept out its whole bound. The parent is checked the same way.
+fn a_fork_from_a_spill_callback_keeps_its_wait_counted() {
+    const POOL: u64 = 64 * MIB;
+    mm().set_pool(POOL);
+    mm().set_wait(Duration::from_millis(20)); // waited out: then other scopes spill
+    let holder = mm().begin("holder", 1, 0).unwrap();
+    let held: Arc<Mutex<Option<Reservation>>> = Arc::new(Mutex::new(None));
+    let in_callback = Arc::clone(&held);
+    let consumer = holder
+        .consumer("forks", move |_target| {
+            // SAFETY: fork has no memory preconditions; the child runs this check's
+            // code on this thread only, and leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                IN_FORK_CHILD.store(true, SeqCst);
+            } else {
+                FORK_CHILD.store(pid, SeqCst);
+            }
+            in_callback.lock().unwrap().take().map_or(0, |r| r.bytes())
+        })
+        .unwrap();
+    *held.lock().unwrap() = Some(consumer.reserve(POOL).unwrap());
+    let asker = mm().begin("asker", 2, 0).unwrap();
+    let r = asker.reserve(8 * MIB).expect("granted once the holder spilled");
+    assert!(asker.stats().unwrap().waits > 0, "the request waited before the spill");
+    drop((r, consumer));
+    holder.end();
+    asker.end();
+    if IN_FORK_CHILD.load(SeqCst) {
+        let ok = catch_unwind(a_wait_is_woken_by_a_free).is_ok();
+        // SAFETY: _exit ends the fork child at once, without the parent's exit code.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let pid = FORK_CHILD.load(SeqCst);
+    assert!(pid > 0, "the spill callback forked");
+    let status = support::wait_child(pid, BUDGET / 2);
+    let exited = |s: i32| libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 0;
+    assert!(
+        status.is_some_and(exited),
+        "the fork child failed its check (wait status {status:?}; None: killed)"
+    );
+    a_wait_is_woken_by_a_free();
+}
+
+/// A request below its share (the pool full) waits for a free, and a free wakes it:
+/// it returns before its wait bound, which it would otherwise sleep out.
+fn a_wait_is_woken_by_a_free() {
+    const POOL: u64 = 64 * MIB;
+    const BOUND: Duration = Duration::from_secs(3);
+    mm().set_pool(POOL);
+    mm().set_wait(BOUND);
+    let full = mm().begin("full", 1, 0).unwrap();
+    let all = full.reserve(POOL).unwrap();
+    let late = mm().begin("late", 2, 0).unwrap();
+    let h = late.handle();
+    let t = std::thread::spawn(move || {
+        let started = Instant::now();
+        let got = h.reserve(8 * MIB).map(|r| r.bytes());
+        (got, started.elapsed())
+    });
+    while late.stats().unwrap().waits == 0 {
+        std::thread::yield_now(); // a poll: the thread counts its wait just before it sleeps
+    }
+    drop(all); // a free: wakes it
+    let (got, took) = t.join().unwrap();
+    println!("  pid {}: the waiting request returned after {} ms", std::process::id(), took.as_millis());
+    assert_eq!(got.ok(), Some(8 * MIB));
+    assert!(took < BOUND, "the free did not wake the waiting request: it slept out its bound");
+    full.end();
+    late.end();
+}
+
+// ---- a panicking report hook --------------------------------------------------------
+
+static HOOK_CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn panicking_hook(_: &str) {
+    HOOK_CALLS.fetch_add(1, SeqCst);
+    panic!("a report hook panics on purpose");
+}
+
+/// Issue 30, item 4: a report hook that panics. The refusal's report, the summary of
+/// the refusals a window held back (`flush_quiet`, at a preloaded program's exit) and a
+/// scope's leak notice each call it; the panic must not unwind out of the global
+/// allocator (an abort) or out of the scope's drop: the allocation is refused as
+/// usual, the process goes on, and each panic is counted.
+fn a_panicking_report_hook_is_caught_and_counted() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(panicking_hook);
+    let before = memquota::stats();
+    // Through an opaque pointer: the allocator's entry points are declared not to
+    // unwind, and a direct call would let the compiler drop the catch around it.
+    let alloc: fn(u64) -> Option<Vec<u8>> = std::hint::black_box(try_alloc);
+    let refused = [
+        catch_unwind(|| alloc(128 * MIB).is_none()).ok(),
+        catch_unwind(|| alloc(128 * MIB).is_none()).ok(), // in the window: held back
+    ];
+    let quiet = catch_unwind(memquota::face::flush_quiet).is_ok();
+    let leak = catch_unwind(|| {
+        let scope = mm().begin("leaky", 1, 0).unwrap();
+        let attached = scope.attach().unwrap();
+        std::mem::forget(vec![1u8; 4096]);
+        drop(attached);
+        drop(scope); // ends it, with a leak notice
+    })
+    .is_ok();
+    let after = memquota::stats();
+    let calls = HOOK_CALLS.load(SeqCst);
+    memquota::set_report_hook(memquota::face::write_stderr);
+    println!(
+        "  refusals {refused:?} ({} counted), summary returned: {quiet}, leak notice returned: {leak}; \
+         hook called {calls} times",
+        after.ooms - before.ooms
+    );
+    assert_eq!(refused, [Some(true); 2], "each refusal returned null (Err), no panic escaped");
+    assert!(quiet && leak, "no panic escaped the summary or the leak notice");
+    assert_eq!(after.ooms - before.ooms, 2);
+    assert_eq!(calls, 3, "the report, the summary, the leak notice");
+    assert_eq!(after.report_hook_panics - before.report_hook_panics, 3, "each panic counted");
 }

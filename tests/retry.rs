@@ -8,9 +8,10 @@ mod support;
 use memquota::{with_retry, with_split_retry, Config, Error, MemoryManager, QuotaAlloc, TaskScope};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestRunner};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Barrier, Mutex};
-use std::time::Duration;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
 use support::{buffer, MIB};
 
 #[global_allocator]
@@ -38,6 +39,18 @@ fn main() {
             (
                 "a_fork_while_a_thread_is_blocked_leaves_a_working_child",
                 a_fork_while_a_thread_is_blocked_leaves_a_working_child,
+            ),
+            (
+                "a_heap_probe_that_takes_a_user_lock_never_deadlocks_the_machine",
+                a_heap_probe_that_takes_a_user_lock_never_deadlocks_the_machine,
+            ),
+            (
+                "ending_a_scope_wakes_its_blocked_threads_at_once",
+                ending_a_scope_wakes_its_blocked_threads_at_once,
+            ),
+            (
+                "ending_a_scope_wakes_its_thread_waiting_to_retry",
+                ending_a_scope_wakes_its_thread_waiting_to_retry,
             ),
         ],
         BUDGET,
@@ -491,5 +504,285 @@ fn callbacks_that_allocate_and_panic_inside_retry_blocks() {
     assert!(spill_calls.load(SeqCst) > 0, "the precondition: the spill callbacks ran");
     assert_eq!(s.ooms, before.ooms, "no request refused");
     assert_eq!(s.retry.timeouts, 0);
+    assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "every thread left its block");
+}
+
+/// Waits for `n` results on `rx` until `deadline`; a check whose threads hang (a
+/// deadlock, a wait nothing ends) fails here with what it was waiting for, instead of
+/// hanging until the watchdog.
+fn results_by<T>(rx: &mpsc::Receiver<T>, n: usize, deadline: Instant, what: &str) -> Vec<T> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(r) => got.push(r),
+            Err(_) => {
+                support::say(format_args!("FAILED: {what}: {} of {n} threads returned in time\n", got.len()));
+                // SAFETY: _exit ends the process without running anything that could
+                // wait on the stuck threads.
+                unsafe { libc::_exit(1) };
+            }
+        }
+    }
+    got
+}
+
+/// The user's lock that the heap probe takes for a moment.
+static USER_LOCK: Mutex<()> = Mutex::new(());
+/// Set on the blocked thread's first call of the probe (`B`'s thread id as a number).
+static B_THREAD: AtomicU64 = AtomicU64::new(0);
+/// The blocked thread is inside the probe, waiting for the user's lock.
+static B_IN_PROBE: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// This thread holds the user's lock: the probe must not take it again.
+    static HOLDS_USER_LOCK: Cell<bool> = const { Cell::new(false) };
+}
+
+fn thread_number() -> u64 {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as u64 }
+}
+
+/// The user's heap probe: takes the user's lock for a moment (unless its thread holds
+/// it already), as a JVM face's probe takes the JVM's locks through JNI.
+fn probe_under_the_users_lock() -> memquota::HeapBytes {
+    if HOLDS_USER_LOCK.with(Cell::get) {
+        return memquota::HeapBytes::default();
+    }
+    let me = thread_number();
+    if me == B_THREAD.load(SeqCst) {
+        B_IN_PROBE.store(true, SeqCst);
+    }
+    let guard = USER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if me == B_THREAD.load(SeqCst) {
+        B_IN_PROBE.store(false, SeqCst);
+    }
+    drop(guard);
+    memquota::HeapBytes::default()
+}
+
+/// Issue 30, item 4: the retry machine's lock must never be held while user code (the
+/// heap probe) runs. Task A holds 40 MiB in a retry block under 64 MiB; task B's
+/// 40 MiB blocks, waiting for it; thread C takes the user's lock L that the heap probe
+/// takes, waits until B is inside the probe (waiting for L), and then, still holding
+/// L, reads the stats and enters a retry block. With the probe called under the
+/// machine's lock, B holds the machine waiting for L and C holds L waiting for the
+/// machine: all three hang. Every thread must return.
+fn a_heap_probe_that_takes_a_user_lock_never_deadlocks_the_machine() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_heap_probe(memquota::HeapProbe::Function(Box::new(probe_under_the_users_lock)));
+    let (tx, rx) = mpsc::channel::<(&'static str, memquota::Result<usize>)>();
+    let (a_holds, c_done) = (Arc::new(Barrier::new(2)), Arc::new(AtomicBool::new(false)));
+    let a = {
+        let (tx, a_holds, c_done) = (tx.clone(), Arc::clone(&a_holds), Arc::clone(&c_done));
+        std::thread::spawn(move || {
+            let scope = mm().begin("holder", 1, 0).unwrap();
+            let mut first = true;
+            let r = with_retry(&scope, || {
+                let held = buffer(40 * MIB)?;
+                if std::mem::take(&mut first) {
+                    a_holds.wait();
+                    while !c_done.load(SeqCst) {
+                        std::thread::yield_now();
+                    }
+                }
+                Ok(held.len())
+            });
+            let _ = tx.send(("A", r));
+        })
+    };
+    a_holds.wait();
+    let b = {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            B_THREAD.store(thread_number(), SeqCst);
+            let scope = mm().begin("waiter", 2, 0).unwrap();
+            let r = with_retry(&scope, || buffer(40 * MIB).map(|b| b.len()));
+            let _ = tx.send(("B", r));
+        })
+    };
+    // The precondition, forced: B is blocked in the machine before C takes L.
+    while memquota::stats().retry.blocked == 0 {
+        std::thread::yield_now();
+    }
+    let c = {
+        let (tx, c_done) = (tx.clone(), Arc::clone(&c_done));
+        std::thread::spawn(move || {
+            let scope = mm().begin("lock holder", 3, 0).unwrap();
+            let guard = USER_LOCK.lock().unwrap();
+            HOLDS_USER_LOCK.with(|h| h.set(true));
+            // The precondition, forced: B is inside the probe, waiting for L.
+            while !B_IN_PROBE.load(SeqCst) {
+                std::thread::yield_now();
+            }
+            let blocked = memquota::stats().retry.blocked;
+            let r = with_retry(&scope, || Ok(blocked as usize));
+            HOLDS_USER_LOCK.with(|h| h.set(false));
+            drop(guard);
+            c_done.store(true, SeqCst);
+            let _ = tx.send(("C", r));
+        })
+    };
+    drop(tx);
+    let mut results = results_by(&rx, 3, Instant::now() + Duration::from_secs(20), "A, B and C");
+    for t in [a, b, c] {
+        t.join().unwrap();
+    }
+    results.sort_by_key(|r| r.0);
+    support::say(format_args!("{results:?}\n"));
+    assert_eq!(
+        results,
+        [("A", Ok(40 * MIB as usize)), ("B", Ok(40 * MIB as usize)), ("C", Ok(1))],
+        "C saw B blocked; every task completes"
+    );
+}
+
+/// 40 MiB of 64 held outside any scope; a thread attached to the scope outside any
+/// retry block (it may free, so the scope is never blocked and the machine never acts);
+/// the scope's 40 MiB requests in retry blocks block, an allocation and a reservation.
+/// Nothing but the watchdog (10 s) would end their waits. The scope ends (as
+/// `memquota_scope_end` ends it from another thread): both wake at once with
+/// `Error::ScopeEnded`.
+fn ending_a_scope_wakes_its_blocked_threads_at_once() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    let outside = buffer(40 * MIB).unwrap();
+    let scope = Arc::new(mm().begin("ended under its waiters", 1, 0).unwrap());
+    let handle = scope.handle();
+    let (held, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let holder = {
+        let (held, release) = (Arc::clone(&held), Arc::clone(&release));
+        std::thread::spawn(move || {
+            let a = handle.attach().unwrap();
+            held.wait();
+            release.wait();
+            drop(a);
+        })
+    };
+    held.wait();
+    let (tx, rx) = mpsc::channel();
+    let waiters: Vec<_> = ["allocation", "reservation"]
+        .into_iter()
+        .map(|what| {
+            let (scope, tx) = (Arc::clone(&scope), tx.clone());
+            std::thread::spawn(move || {
+                let r = with_retry(&scope, || match what {
+                    "allocation" => buffer(40 * MIB).map(|b| b.len()),
+                    _ => scope.reserve(40 * MIB).map(|r| r.bytes() as usize),
+                });
+                let _ = tx.send((what, r, Instant::now()));
+            })
+        })
+        .collect();
+    drop(tx);
+    // The precondition, forced: both wait in the machine.
+    while memquota::stats().retry.blocked < 2 {
+        std::thread::yield_now();
+    }
+    let before = memquota::stats();
+    let ended = Instant::now();
+    memquota::face::end_raw(handle.as_raw()).unwrap();
+    let mut results = results_by(&rx, 2, ended + Duration::from_secs(2), "the waiters of an ended scope");
+    release.wait();
+    holder.join().unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    drop(outside);
+    results.sort_by_key(|r| r.0);
+    let s = memquota::stats();
+    support::say(format_args!(
+        "{:?}; woken after {:?} ms; timeouts {}, refusals {}\n",
+        results.iter().map(|r| (r.0, &r.1)).collect::<Vec<_>>(),
+        results.iter().map(|r| r.2.saturating_duration_since(ended).as_millis()).collect::<Vec<_>>(),
+        s.retry.timeouts - before.retry.timeouts,
+        s.ooms - before.ooms
+    ));
+    for (what, r, _) in &results {
+        assert_eq!(r, &Err(Error::ScopeEnded), "{what}: the error says the scope ended");
+    }
+    assert_eq!(s.retry.timeouts, before.retry.timeouts, "no watchdog");
+    assert_eq!(s.retry.scope_ended - before.retry.scope_ended, 2, "both waits ended by the scope's end");
+    assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "every thread left its block");
+}
+
+/// A rolled-back thread waits until further notice (BUFN) while an older task holds the
+/// room it needs; its scope ends meanwhile: it wakes at once, and its retry block
+/// returns `Error::ScopeEnded` instead of running the attempt again.
+fn ending_a_scope_wakes_its_thread_waiting_to_retry() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    // Both tasks hold 24 MiB, then each asks for 24 more (72 of 64): both blocked, the
+    // younger rolls back and waits; the older completes its second buffer and holds
+    // 48 MiB until told, so the younger's 24 MiB never fit meanwhile.
+    let (go, older_holds, release) =
+        (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let older = {
+        let (go, older_holds, release) = (Arc::clone(&go), Arc::clone(&older_holds), Arc::clone(&release));
+        std::thread::spawn(move || {
+            let scope = mm().begin("older", 1, 0).unwrap();
+            let mut first = true;
+            with_retry(&scope, || {
+                let a = buffer(24 * MIB)?;
+                let once = std::mem::take(&mut first);
+                if once {
+                    go.wait();
+                }
+                let b = buffer(24 * MIB)?;
+                if once {
+                    older_holds.wait();
+                    release.wait();
+                }
+                Ok(a.len() + b.len())
+            })
+        })
+    };
+    let younger_scope: Arc<Mutex<Option<u64>>> = Arc::new(Mutex::new(None));
+    let (tx, rx) = mpsc::channel();
+    let younger = {
+        let (go, tx, younger_scope) = (Arc::clone(&go), tx.clone(), Arc::clone(&younger_scope));
+        std::thread::spawn(move || {
+            let scope = mm().begin("younger", 2, 0).unwrap();
+            *younger_scope.lock().unwrap() = Some(scope.handle().as_raw());
+            let mut first = true;
+            let r = with_retry(&scope, || {
+                let a = buffer(24 * MIB)?;
+                if std::mem::take(&mut first) {
+                    go.wait();
+                }
+                let b = buffer(24 * MIB)?;
+                Ok(a.len() + b.len())
+            });
+            let _ = tx.send((r, Instant::now()));
+        })
+    };
+    drop(tx);
+    older_holds.wait();
+    // The precondition, forced: the younger is rolled back and waiting.
+    while memquota::stats().retry.bufn == 0 {
+        std::thread::yield_now();
+    }
+    let handle = younger_scope.lock().unwrap().expect("the younger scope began");
+    let ended = Instant::now();
+    memquota::face::end_raw(handle).unwrap();
+    let results =
+        results_by(&rx, 1, ended + Duration::from_secs(2), "the rolled-back thread of an ended scope");
+    release.wait();
+    let older = older.join().unwrap();
+    younger.join().unwrap();
+    let (r, woke) = &results[0];
+    let s = memquota::stats();
+    support::say(format_args!(
+        "younger: {r:?} after {} ms; older: {older:?}; rollbacks {}, retries {}, timeouts {}\n",
+        woke.saturating_duration_since(ended).as_millis(),
+        s.retry.rollbacks,
+        s.retry.retries,
+        s.retry.timeouts
+    ));
+    assert_eq!(r, &Err(Error::ScopeEnded), "the error says the scope ended");
+    assert_eq!(older, Ok(48 * MIB as usize));
+    assert!(s.retry.rollbacks >= 1, "the precondition: the younger rolled back");
+    assert_eq!(s.retry.timeouts, 0, "no watchdog");
+    assert_eq!(s.retry.scope_ended, 1, "the wait ended by the scope's end");
     assert_eq!(s.retry.blocked + s.retry.running + s.retry.bufn, 0, "every thread left its block");
 }

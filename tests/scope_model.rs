@@ -1,9 +1,11 @@
 //! Property test of the scope pool against a model: random programs of begin / end /
 //! reserve (exact or partial) / release / cap / allocate and free big blocks while
-//! attached, run through a `QuotaAlloc` over `System` on one thread (this binary's
-//! global allocator is the plain system one, so the only charges are the program's).
-//! After every step each scope's allocated, reserved and held bytes, and the process
-//! total, equal the model's exactly.
+//! attached, and small blocks allocated outside any scope and freed in one, run
+//! through a `QuotaAlloc` over `System` on one thread (this binary's global allocator
+//! is the plain system one, so the only charges are the program's). After every step
+//! each scope's allocated, reserved and held bytes, and the process total, equal the
+//! model's exactly. The rule for frees: a scope's use never goes below zero, what is
+//! freed past it is credited to the process.
 
 use memquota::{MemoryManager, QuotaAlloc, Reservation, TaskScope};
 use proptest::prelude::*;
@@ -23,6 +25,10 @@ enum Op {
     Cap(usize, Option<u64>),
     Alloc(usize, u64),
     Free(usize),
+    /// A small block (no owner record) allocated outside any scope.
+    Outside(u64),
+    /// One freed by a thread attached to a scope.
+    FreeOutside(usize, usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -35,6 +41,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), proptest::option::of(mib.clone())).prop_map(|(i, c)| Op::Cap(i, c.map(|m| m * MIB))),
         3 => (any::<usize>(), 2u64..9).prop_map(|(i, m)| Op::Alloc(i, m * MIB)),
         2 => any::<usize>().prop_map(Op::Free),
+        2 => (1u64..8).prop_map(|k| Op::Outside(k * (256 << 10))),
+        2 => (any::<usize>(), any::<usize>()).prop_map(|(i, k)| Op::FreeOutside(i, k)),
     ]
 }
 
@@ -52,8 +60,15 @@ impl Model {
     }
 }
 
+/// A scope's charge: its use never goes below zero ([`credit`]).
 fn held_for(used: i64, reserved: i64) -> i64 {
-    used + (reserved - used.max(0)).max(0)
+    used.max(reserved)
+}
+
+/// A free of `size` bytes credited to a scope that used `used`: its use goes down to
+/// zero at most; what was never its is the process's.
+fn credit(used: &mut i64, size: u64) {
+    *used -= (size as i64).min(*used);
 }
 
 fn layout(size: u64) -> Layout {
@@ -74,6 +89,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut scopes: Vec<(TaskScope, Model, Vec<Reservation>)> = Vec::new();
     // Each block with the raw handle of the scope that allocated it.
     let mut blocks: Vec<(*mut u8, u64, u64)> = Vec::new();
+    let mut outside: Vec<(*mut u8, u64)> = Vec::new();
     for op in ops {
         let n = scopes.len();
         let room = |scopes: &Vec<(TaskScope, Model, Vec<Reservation>)>, i: usize| {
@@ -155,8 +171,24 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 // Freed here, in no scope: the owner record credits the scope that
                 // allocated it, if it still runs.
                 if let Some(s) = scopes.iter_mut().find(|s| s.0.handle().as_raw() == owner) {
-                    s.1.used -= size as i64;
+                    credit(&mut s.1.used, size);
                 }
+            }
+            Op::Outside(size) => {
+                // SAFETY: a non-zero size.
+                let p = unsafe { QUOTA.alloc(layout(size)) };
+                prop_assert!(!p.is_null());
+                outside.push((p, size));
+            }
+            Op::FreeOutside(i, k) if n > 0 && !outside.is_empty() => {
+                let i = i % n;
+                let (p, size) = outside.swap_remove(k % outside.len());
+                let g = scopes[i].0.attach().unwrap();
+                scopes[i].1.started = true;
+                // SAFETY: `p` came from QUOTA.alloc with this layout.
+                unsafe { QUOTA.dealloc(p, layout(size)) };
+                drop(g);
+                credit(&mut scopes[i].1.used, size);
             }
             _ => {}
         }
@@ -170,7 +202,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
             );
             unused += m.held() - m.used;
         }
-        let live: i64 = blocks.iter().map(|b| b.1 as i64).sum();
+        let live: i64 = blocks.iter().map(|b| b.1 as i64).chain(outside.iter().map(|b| b.1 as i64)).sum();
         prop_assert_eq!(native() - base, live + unused);
     }
     for (s, _, rs) in scopes.drain(..) {
@@ -178,6 +210,10 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         s.end();
     }
     for (p, size, _) in blocks {
+        // SAFETY: as above.
+        unsafe { QUOTA.dealloc(p, layout(size)) };
+    }
+    for (p, size) in outside {
         // SAFETY: as above.
         unsafe { QUOTA.dealloc(p, layout(size)) };
     }

@@ -82,7 +82,8 @@ int memquota_scope_detach(void);
  * Returns the bytes granted, or -ENOMEM (refused, with a report), -EINVAL, or
  * -EDEADLK (from inside a spill or reclaim callback). In a retry block (below) it
  * waits for memory instead of failing, and returns -EAGAIN when the thread is rolled
- * back, -E2BIG when it must split its input. */
+ * back, -E2BIG when it must split its input, -EINVAL at once when the scope ends while
+ * it waits. */
 int64_t memquota_scope_reserve(uint64_t scope, uint64_t bytes, int partial);
 
 /* Gives back `bytes` the scope reserved. Returns 0. */
@@ -131,7 +132,8 @@ int memquota_retry_end(void);
  * there is room for what the attempt failed on; bounded like every wait). Returns 0
  * (at once if no rollback is pending): run the attempt again; -ENOMEM: the thread was
  * rolled back more than MEMQUOTA_MAX_RETRIES times in its outermost block, give up;
- * -EPERM: the thread is in no retry block. */
+ * -EINVAL: the block's scope ended (at once, also while the thread waits), end the
+ * block; -EPERM: the thread is in no retry block. */
 int memquota_retry_block(void);
 
 /* memquota_last_refusal(): no rollback or split since the attempt began (a NULL then
@@ -143,10 +145,15 @@ int memquota_retry_block(void);
 /* memquota_last_refusal(): split the input and process each piece (what -E2BIG
  * says). */
 #define MEMQUOTA_REFUSAL_SPLIT 2
+/* memquota_last_refusal(): the block's scope ended while the request waited (what
+ * memquota_scope_reserve's -EINVAL says there): the attempt cannot go on, end the
+ * block. */
+#define MEMQUOTA_REFUSAL_SCOPE_ENDED 3
 
 /* malloc and the rest keep their contract in a retry block (NULL and errno ENOMEM);
  * this says how the calling thread's last refusal in its retry block went:
- * MEMQUOTA_REFUSAL_ROLLBACK, MEMQUOTA_REFUSAL_SPLIT or MEMQUOTA_REFUSAL_NONE; -EPERM
+ * MEMQUOTA_REFUSAL_ROLLBACK, MEMQUOTA_REFUSAL_SPLIT, MEMQUOTA_REFUSAL_SCOPE_ENDED or
+ * MEMQUOTA_REFUSAL_NONE; -EPERM
  * if the thread is in no retry block. A new attempt (memquota_retry_begin,
  * memquota_retry_block) starts from MEMQUOTA_REFUSAL_NONE. */
 int memquota_last_refusal(void);

@@ -235,7 +235,8 @@ pub extern "C" fn memquota_scope_detach() -> c_int {
 /// bytes granted, or `-ENOMEM` (refused, with an OOM report), `-EINVAL` (scope not
 /// running), `-EDEADLK` (called from a spill or reclaim callback); in a retry block
 /// it blocks instead of failing, and returns `-EAGAIN` when the retry machine rolled
-/// the thread back, `-E2BIG` when it asks the thread to split its input.
+/// the thread back, `-E2BIG` when it asks the thread to split its input, `-EINVAL`
+/// at once when the scope ends while it waits.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_scope_reserve(scope: u64, bytes: u64, partial: c_int) -> i64 {
     match face::reserve_raw(&FACE, scope, bytes, 0, partial != 0) {
@@ -258,6 +259,9 @@ pub const MEMQUOTA_REFUSAL_NONE: c_int = 0;
 pub const MEMQUOTA_REFUSAL_ROLLBACK: c_int = 1;
 /// `memquota_last_refusal`: split the input and process each piece.
 pub const MEMQUOTA_REFUSAL_SPLIT: c_int = 2;
+/// `memquota_last_refusal`: the block's scope ended while the request waited; the
+/// attempt cannot go on (end the block).
+pub const MEMQUOTA_REFUSAL_SCOPE_ENDED: c_int = 3;
 
 /// Begins a retry block on the calling thread: attaches it to `scope` (until the
 /// block ends) and enters the retry machine; blocks nest. Returns 0, `-EINVAL` (scope
@@ -295,8 +299,9 @@ pub extern "C" fn memquota_retry_end() -> c_int {
 /// attempt freed what it held: waits until the thread may run its attempt again (no
 /// older task blocked, room for what it failed on). Returns 0 (at once if no rollback
 /// is pending): run the attempt; `-ENOMEM`: the thread rolled back more than
-/// `MEMQUOTA_MAX_RETRIES` times in its outermost block, give up; `-EPERM`: the
-/// thread is in no retry block.
+/// `MEMQUOTA_MAX_RETRIES` times in its outermost block, give up; `-EINVAL`: the
+/// block's scope ended (at once, also while the thread waits); `-EPERM`: the thread
+/// is in no retry block.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_retry_block() -> c_int {
     if !tls::slot().retry.inside() {
@@ -304,13 +309,15 @@ pub extern "C" fn memquota_retry_block() -> c_int {
     }
     match face::retry_block_raw(&FACE) {
         Ok(()) => 0,
+        Err(Error::ScopeEnded) => -libc::EINVAL,
         Err(_) => -libc::ENOMEM,
     }
 }
 
 /// How the calling thread's last refusal in its retry block went:
-/// [`MEMQUOTA_REFUSAL_ROLLBACK`], [`MEMQUOTA_REFUSAL_SPLIT`], or
-/// [`MEMQUOTA_REFUSAL_NONE`]; `-EPERM` if it is in no retry block.
+/// [`MEMQUOTA_REFUSAL_ROLLBACK`], [`MEMQUOTA_REFUSAL_SPLIT`],
+/// [`MEMQUOTA_REFUSAL_SCOPE_ENDED`], or [`MEMQUOTA_REFUSAL_NONE`]; `-EPERM` if it is
+/// in no retry block.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_last_refusal() -> c_int {
     if !tls::slot().retry.inside() {
@@ -319,6 +326,7 @@ pub extern "C" fn memquota_last_refusal() -> c_int {
     match face::last_refusal_raw(&FACE) {
         Some(Rollback::Retry) => MEMQUOTA_REFUSAL_ROLLBACK,
         Some(Rollback::Split) => MEMQUOTA_REFUSAL_SPLIT,
+        Some(Rollback::Ended) => MEMQUOTA_REFUSAL_SCOPE_ENDED,
         None => MEMQUOTA_REFUSAL_NONE,
     }
 }

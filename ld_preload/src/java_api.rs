@@ -183,13 +183,18 @@ pub extern "system" fn Java_org_memquota_MemQuota_retryEnd(mut env: JNIEnv, _: J
     }
 }
 
-/// `MemQuota.retryBlock()`: `memquota_retry_block`; false: give up.
+/// `MemQuota.retryBlock()`: `memquota_retry_block`; false: give up. The block's scope
+/// ended: `IllegalStateException`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_retryBlock(mut env: JNIEnv, _: JClass) -> jboolean {
     match crate::capi::memquota_retry_block() {
         0 => 1,
         e if e == -libc::EPERM => {
             throw(&mut env, "java/lang/IllegalStateException", NOT_IN_A_BLOCK);
+            0
+        }
+        e if e == -libc::EINVAL => {
+            throw(&mut env, "java/lang/IllegalStateException", &Error::ScopeEnded.to_string());
             0
         }
         _ => 0,

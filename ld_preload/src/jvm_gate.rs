@@ -151,15 +151,17 @@ pub(crate) fn remember_retry_classes(env: &mut jni::JNIEnv) -> bool {
 
 /// Throws `org.memquota.RetryOOM` or `SplitAndRetryOOM` for the retry machine's
 /// decision `r` (a plain `OutOfMemoryError` with the same message if their classes
-/// were never found).
+/// were never found); for a request whose scope ended while it waited, a plain
+/// `OutOfMemoryError` that says so (not a rollback: the attempt must not run again).
 pub(crate) fn throw_rollback(env: &mut jni::JNIEnv, r: Rollback) {
     let (k, message) = match r {
-        Rollback::Retry => (0, Error::RetryOom.to_string()),
-        Rollback::Split => (1, Error::SplitAndRetryOom.to_string()),
+        Rollback::Retry => (Some(0), Error::RetryOom.to_string()),
+        Rollback::Split => (Some(1), Error::SplitAndRetryOom.to_string()),
+        Rollback::Ended => (None, Error::ScopeEnded.to_string()),
     };
-    let _ = match RETRY_CLASSES.get() {
-        Some(classes) => {
-            let class: &JClass = classes[k].as_obj().into();
+    let _ = match k.and_then(|k| RETRY_CLASSES.get().map(|classes| &classes[k])) {
+        Some(class) => {
+            let class: &JClass = class.as_obj().into();
             env.throw_new(class, &message)
         }
         None => env.throw_new("java/lang/OutOfMemoryError", &message),

@@ -20,6 +20,7 @@
 pub mod agent;
 pub mod capi;
 pub mod cxx;
+mod cxx_runtime;
 mod exit_report;
 mod init;
 mod internal;

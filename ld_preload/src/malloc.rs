@@ -103,13 +103,20 @@ const LAZY_BELOW: usize = std::mem::offset_of!(Slot, bulk) + std::mem::offset_of
 /// where the initial-exec sequence reads the field at the offset itself
 /// (`fs:[offset + field]`); and a call to a C function goes through the GOT unless
 /// the linker may relax the load, which Rust's relocations do not allow.
+///
+/// The compiler gives naked code no unwind info, and a profiler or a `backtrace()`
+/// from a signal handler stops at a PC it cannot unwind: `.cfi_startproc` gives the
+/// code an FDE. The code never moves the stack, so the CIE's rule (the return address
+/// on top of it) holds at every instruction and the FDE needs no rule of its own.
 macro_rules! malloc_code {
     () => {
         std::arch::naked_asm!(
+            ".cfi_startproc",
             "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
             "cmp rdi, qword ptr fs:[rax + {lazy_below}]",
             "jae {counted}",
             "jmp {jemalloc}",
+            ".cfi_endproc",
             lazy_below = const LAZY_BELOW,
             counted = sym alloc_counted,
             jemalloc = sym jem::malloc,
@@ -359,15 +366,17 @@ pub(crate) fn scopes_began() {
 
 /// The code of `free`: while the thread's frees are lazy, a jump to [`LAZY_FREE`]
 /// (jemalloc, which takes null too, until a scope begins); otherwise counted, out of
-/// line. Four instructions, no stack frame; written out for the reasons given at
-/// [`malloc_code`].
+/// line. Four instructions, no stack frame, an FDE; written out for the reasons
+/// given at [`malloc_code`].
 macro_rules! free_code {
     () => {
         std::arch::naked_asm!(
+            ".cfi_startproc",
             "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
             "cmp qword ptr fs:[rax + {lazy_below}], 0",
             "je {counted}",
             "jmp qword ptr [rip + {lazy_free}]",
+            ".cfi_endproc",
             lazy_below = const LAZY_BELOW,
             counted = sym free_counted,
             lazy_free = sym LAZY_FREE,

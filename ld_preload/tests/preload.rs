@@ -2,13 +2,15 @@
 //! library preloaded, each under an outer `timeout` (a broken preload would hang a
 //! preloaded `timeout` too), and real programs whose output must not change.
 //!
-//! Needs `cargo build --release` first (scripts/test.sh does it), gcc and g++, and for
-//! the jemalloc API tests Debian's libjemalloc-dev (scripts/test.sh installs it).
+//! Needs `cargo build --release` first (scripts/test.sh does it), gcc, g++, binutils
+//! (`nm`, `readelf`), Debian's libjemalloc-dev for the jemalloc API tests, and
+//! libc++-dev and libc++abi-dev for the test with two private C++ runtimes
+//! (scripts/test.sh installs them).
 
 mod common;
 
 use common::{assert_ok, inherited_vars, lib, text, Metrics};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -21,6 +23,7 @@ struct Built {
     cxx: PathBuf,
     lazy: PathBuf,
     leader: PathBuf,
+    unwind: PathBuf,
 }
 
 fn built() -> &'static Built {
@@ -41,6 +44,7 @@ fn built() -> &'static Built {
             cxx: out.join("cxx"),
             lazy: out.join("lazy"),
             leader: out.join("leader"),
+            unwind: out.join("unwind"),
         };
         cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
@@ -52,6 +56,7 @@ fn built() -> &'static Built {
             "gcc",
             &["-O1", "-g", "-Wall", "-Werror", "-pthread", "leader.c", "-o", b.leader.to_str().unwrap()],
         );
+        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "unwind.c", "-o", b.unwind.to_str().unwrap()]);
         b
     })
 }
@@ -124,17 +129,78 @@ fn exports() -> BTreeSet<String> {
 }
 
 /// Where each exported function starts, by name.
-fn entry_addresses() -> std::collections::BTreeMap<String, u64> {
-    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(lib()).output().unwrap();
+fn entry_addresses() -> BTreeMap<String, u64> {
+    entry_extents().into_iter().map(|(name, (at, _))| (name, at)).collect()
+}
+
+/// Where each exported function starts and how many bytes of code it has, by name.
+fn entry_extents() -> BTreeMap<String, (u64, u64)> {
+    let out = Command::new("nm").args(["-D", "-S", "--defined-only"]).arg(lib()).output().unwrap();
     assert_ok(&out, "nm");
+    let hex = |v: &str| u64::from_str_radix(v, 16).unwrap();
     text(&out.stdout)
         .lines()
         .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let (at, kind, name) = (f.next()?, f.next()?, f.next()?);
-            (kind == "T").then(|| (name.to_owned(), u64::from_str_radix(at, 16).unwrap()))
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                [at, size, "T", name] => Some((name.to_owned(), (hex(at), hex(size)))),
+                [at, "T", name] => Some((name.to_owned(), (hex(at), 0))),
+                _ => None,
+            }
         })
         .collect()
+}
+
+/// The code ranges that the library's unwind table describes: one per FDE in
+/// `readelf --debug-dump=frames`, as `start..end`.
+fn unwind_ranges() -> Vec<std::ops::Range<u64>> {
+    let out = Command::new("readelf").arg("--debug-dump=frames").arg(lib()).output().unwrap();
+    assert_ok(&out, "readelf --debug-dump=frames");
+    let ranges: Vec<_> = text(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(" FDE "))
+        .filter_map(|l| {
+            let (lo, hi) = l.split_once("pc=")?.1.split_once("..")?;
+            Some(u64::from_str_radix(lo, 16).unwrap()..u64::from_str_radix(hi.trim(), 16).unwrap())
+        })
+        .collect();
+    assert!(!ranges.is_empty(), "no FDE in readelf's output:\n{}", text(&out.stdout));
+    ranges
+}
+
+/// A profiler that samples a PC inside a function with no unwind info, or a
+/// `backtrace()` from a signal handler that lands there, stops at it. malloc and free
+/// are written in assembly (`malloc.rs`), where the compiler adds none by itself:
+/// every exported function's code must lie inside one FDE.
+#[test]
+fn every_exported_function_has_unwind_info() {
+    let fdes = unwind_ranges();
+    let missing: Vec<String> = entry_extents()
+        .into_iter()
+        .filter(|(_, (at, size))| !fdes.iter().any(|r| r.start <= *at && at + size.max(&1) <= r.end))
+        .map(|(name, (at, size))| format!("{name} at {at:#x} ({size} bytes)"))
+        .collect();
+    assert!(missing.is_empty(), "exported functions no FDE covers: {missing:#?}");
+}
+
+/// What the unwind info is for, checked end to end: the trap flag single-steps
+/// malloc and free, and at each of their instructions `backtrace()` from the
+/// SIGTRAP handler must reach the caller's return address (tests/c/unwind.c).
+#[test]
+fn backtrace_from_a_signal_handler_inside_malloc_and_free_reaches_their_caller() {
+    let out = preloaded(&built().unwind, &[], &[]);
+    assert_ok(&out, "unwind");
+    let stdout = text(&out.stdout);
+    for name in ["malloc", "free"] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}: ")))
+            .unwrap_or_else(|| panic!("no {name} line: {}", common::said(&out)));
+        let numbers: Vec<u32> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+        let [stepped, unwound] = numbers[..] else { panic!("{line}") };
+        assert!(stepped > 0 && !line.contains("never left"), "{line}");
+        assert_eq!(unwound, stepped, "{line}");
+    }
 }
 
 /// Where `malloc` and `free` start in a cache line moved the small-object benchmark
@@ -352,6 +418,40 @@ fn retry_blocks_through_the_c_abi_roll_back_split_and_complete() {
     assert_eq!(stat("retry_timeouts_total"), 0, "{stdout}");
     assert_eq!(stat("oom_total"), 1, "{stdout}");
     assert_eq!(stat("retry_threads_running") + stat("blocked_threads"), 0, "every block ended");
+}
+
+/// Issue 30, item 5, through the C ABI (`retry.c ends`). A scope ends while two of its
+/// threads wait in retry blocks (a malloc and a reservation of 200 MiB beside 100 MiB
+/// held outside, under 256 MiB; a third thread attached outside any block keeps the
+/// machine from acting, so only the 10 s watchdog would end the waits): both wake at
+/// once, the malloc with NULL, `ENOMEM` and `MEMQUOTA_REFUSAL_SCOPE_ENDED`, the
+/// reservation with `-EINVAL`. Then a thread attached to S for its life ends a retry
+/// block of T from a thread-specific-data destructor that runs after the preload's
+/// exit flush: the dead thread must not be put back into S, which would narrow a new
+/// scope's fair share to half the pool for ever.
+#[test]
+fn ends_from_elsewhere_wake_waiters_and_leave_no_thread_attached() {
+    let out = preloaded(&built().retry, &["ends"], &[("MEMQUOTA_LIMIT", "256m")]);
+    assert_ok(&out, "retry ends");
+    let stdout = text(&out.stdout);
+    let value = |key: &str| -> String {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"));
+        line[key.len() + 1..].to_owned()
+    };
+    let ms = |line: &str| -> u64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+    println!("{stdout}");
+    let scope_ended = 3; // MEMQUOTA_REFUSAL_SCOPE_ENDED
+    let (malloc, reserve) = (value("ended_malloc"), value("ended_reserve"));
+    assert!(
+        malloc.starts_with(&format!("granted 0 errno {} why {scope_ended} ms ", libc::ENOMEM)),
+        "{stdout}"
+    );
+    assert!(reserve.starts_with(&format!("got {} why {scope_ended} ms ", -libc::EINVAL)), "{stdout}");
+    assert!(ms(&malloc) < 2000 && ms(&reserve) < 2000, "woken at once, not by the watchdog: {stdout}");
+    assert_eq!(value("late_end"), format!("rc 0 after_flush 1 share {}", 200 << 20), "{stdout}");
 }
 
 #[test]
@@ -663,6 +763,153 @@ fn cxx_sized_and_aligned_new_delete_are_exact_and_refusal_throws_bad_alloc() {
     assert_ok(&out, "cxx");
     let stdout = text(&out.stdout);
     assert!(stdout.contains("bad_alloc caught"), "{stdout}");
+}
+
+/// A C host with no C++ runtime of its own (tests/c/cxx_host.c) and the C++ library it
+/// dlopens (tests/c/cxx_lib.cc), built on libstdc++ with g++; `libcxx` is the same
+/// library built on LLVM's libc++, when [`cxx_on_libcxx`] asks for it.
+struct CxxHost {
+    host: PathBuf,
+    libstdcxx: PathBuf,
+}
+
+fn cxx_host() -> &'static CxxHost {
+    static BUILT: OnceLock<CxxHost> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let out = std::env::temp_dir().join(format!("memquota-cxx-host-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let b = CxxHost { host: out.join("cxx_host"), libstdcxx: out.join("libcxx_lib.so") };
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "cxx_host.c", "-ldl", "-o"], &b.host);
+        compile(
+            "g++",
+            &["-O1", "-std=c++17", "-shared", "-fPIC", "-pthread", "cxx_lib.cc", "-o"],
+            &b.libstdcxx,
+        );
+        b
+    })
+}
+
+/// tests/c/cxx_lib.cc on LLVM's libc++ (Debian's libc++-dev and libc++abi-dev), built
+/// by g++ with libc++'s headers: no clang needed.
+fn cxx_on_libcxx() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        assert!(
+            Path::new("/usr/include/c++/v1/new").exists(),
+            "libc++'s headers are missing: install libc++-dev and libc++abi-dev (scripts/test.sh does)"
+        );
+        let out = std::env::temp_dir().join(format!("memquota-cxx-host-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&out).unwrap();
+        let lib = out.join("libcxx_lib_on_libcxx.so");
+        let flags =
+            ["-O1", "-std=c++17", "-shared", "-fPIC", "-nostdinc++", "-isystem", "/usr/include/c++/v1"];
+        let link = ["-nodefaultlibs", "cxx_lib.cc", "-lc++", "-lc++abi", "-lc", "-lgcc_s", "-o"];
+        compile("g++", &[&flags[..], &link[..]].concat(), &lib);
+        lib
+    })
+}
+
+/// `compiler args... out`, in tests/c.
+fn compile(compiler: &str, args: &[&str], out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let status = Command::new(compiler).current_dir(&src).args(args).arg(out).status().unwrap();
+    assert!(status.success(), "{compiler} {args:?} {} failed", out.display());
+}
+
+/// The host, under a 64 MiB limit, calling `function` of each library loaded `how`
+/// (`local` or `global`); its output must be one line per library, `<lib> <function>:
+/// <what it said>`, and what each said is returned in order.
+fn cxx_host_says(how: &str, function: &str, libraries: &[&Path]) -> Vec<String> {
+    let mut args = vec![how, function];
+    args.extend(libraries.iter().map(|l| l.to_str().unwrap()));
+    let out = preloaded(&cxx_host().host, &args, &[("MEMQUOTA_LIMIT", "64m")]);
+    assert_ok(&out, &format!("cxx_host {args:?}"));
+    let stdout = text(&out.stdout);
+    libraries
+        .iter()
+        .map(|lib| {
+            let prefix = format!("{} {function}: ", lib.display());
+            let line = stdout.lines().find(|l| l.starts_with(&prefix));
+            line.unwrap_or_else(|| panic!("no {prefix:?} line: {}", common::said(&out)))[prefix.len()..]
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Python loads every C++ extension `RTLD_LOCAL`: its C++ runtime is then invisible to
+/// `dlsym(RTLD_DEFAULT)`, and a refused `new` found nothing to throw with (it aborted).
+#[test]
+fn a_refused_new_in_a_cxx_library_loaded_rtld_local_is_caught() {
+    let said = cxx_host_says("local", "refused_new", &[&cxx_host().libstdcxx]);
+    assert_eq!(said, ["caught"]);
+}
+
+#[test]
+fn a_refused_new_in_a_cxx_library_loaded_rtld_global_is_caught() {
+    let said = cxx_host_says("global", "refused_new", &[&cxx_host().libstdcxx]);
+    assert_eq!(said, ["caught"]);
+}
+
+/// The library's new-handler frees a 40 MiB reserve under a 64 MiB limit: the `new`
+/// it was refused for is then granted, after one call.
+#[test]
+fn the_new_handler_of_a_private_cxx_runtime_is_honoured() {
+    let said = cxx_host_says("local", "new_handler_frees_a_reserve", &[&cxx_host().libstdcxx]);
+    assert_eq!(said, ["granted after 1 handler call(s)"]);
+}
+
+/// A refused `new` when every small malloc is refused too (the account filled past the
+/// over-commit bound), in libstdc++'s own code, on a thread that never threw: the
+/// lookup's own allocations (the loader opening a dependency by name for the first
+/// time) and the throw's (the thread's exception state, in dynamic TLS that glibc
+/// mallocs at first use) are never refused. Loaded `RTLD_LOCAL`, the runtime went
+/// unfound ("no C++ runtime"); `RTLD_GLOBAL`, glibc died on the TLS ("cannot
+/// allocate memory for thread-local data"): DuckDB's worker threads did.
+#[test]
+fn the_first_throw_of_a_thread_is_caught_when_every_malloc_is_refused() {
+    for how in ["local", "global"] {
+        let said = cxx_host_says(
+            how,
+            "first_throw_of_a_thread_when_every_malloc_is_refused",
+            &[&cxx_host().libstdcxx],
+        );
+        assert_eq!(said, ["caught"], "{how}");
+    }
+}
+
+/// Two libraries loaded `RTLD_LOCAL`, one on libstdc++ and one on libc++ (two Python
+/// extensions): each must get its own runtime's `bad_alloc`, the one its `catch`
+/// matches, whichever was loaded first. The first runtime in load order for both
+/// terminated one of them.
+#[test]
+fn two_private_cxx_runtimes_each_catch_their_own_bad_alloc() {
+    let (gnu, llvm) = (cxx_host().libstdcxx.as_path(), cxx_on_libcxx().as_path());
+    for order in [[gnu, llvm], [llvm, gnu]] {
+        assert_eq!(cxx_host_says("local", "refused_new", &order), ["caught", "caught"], "{order:?}");
+        let said = cxx_host_says("local", "new_handler_frees_a_reserve", &order);
+        assert_eq!(said, ["granted after 1 handler call(s)"; 2], "{order:?}");
+    }
+}
+
+/// With no C++ runtime loaded there is nothing to throw with: the process aborts, and
+/// says why (it aborted with the report alone before).
+#[test]
+fn a_refused_new_with_no_cxx_runtime_loaded_says_so_and_aborts() {
+    let out = preloaded(&cxx_host().host, &["new"], &[("MEMQUOTA_LIMIT", "64m")]);
+    use std::os::unix::process::ExitStatusExt;
+    // `timeout` passes the child's signal on as 128 + signal.
+    let aborted =
+        out.status.signal() == Some(libc::SIGABRT) || out.status.code() == Some(128 + libc::SIGABRT);
+    assert!(aborted, "{}", common::said(&out));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("memquota: allocation refused"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "memquota: a C++ operator new was refused and no C++ runtime (libstdc++, libc++) was found among \
+             the loaded objects to throw std::bad_alloc with; aborting"
+        ),
+        "{stderr}"
+    );
 }
 
 /// The real python binary (`python3` may be a pyenv shell wrapper).

@@ -206,6 +206,10 @@ pub struct Local {
     /// The thread's slot in the retry machine plus one (0: not in a retry block).
     /// Read on the slow path only.
     retry: Cell<u32>,
+    /// Requests of this thread that may wait for a free, alive now (the free signal's
+    /// waiters): a fork child's count of waiters starts from the forking thread's.
+    /// Read on the slow path only.
+    waiting: Cell<u32>,
     /// Bytes a gate in a retry block charged to the thread's scope and the account
     /// for the allocation that follows it ([`prepay_scoped`]).
     prepaid_scoped: Cell<u64>,
@@ -231,6 +235,7 @@ impl Local {
             busy: Cell::new(false),
             scope: Cell::new(0),
             retry: Cell::new(0),
+            waiting: Cell::new(0),
             prepaid_scoped: Cell::new(0),
             lag: Cell::new(0),
             lead: Cell::new(0),
@@ -531,6 +536,12 @@ pub(crate) fn retry_slot(l: &Local) -> Option<usize> {
     l.retry.get().checked_sub(1).map(|i| i as usize)
 }
 
+/// The thread's count of its requests that may wait for a free
+/// ([`tables::signal::Waiter`]).
+pub(crate) fn waiting(l: &Local) -> &Cell<u32> {
+    &l.waiting
+}
+
 /// Sets (or, `None`, clears) the thread's slot in the retry machine.
 pub(crate) fn set_retry_slot(l: &Local, slot: Option<usize>) {
     l.retry.set(slot.map_or(0, |i| i as u32 + 1));
@@ -543,10 +554,24 @@ pub(crate) fn attribute(l: &Local, bytes: i64) -> i64 {
 }
 
 /// Moves the thread to scope `to`, settling its delta into the scope it leaves (and
-/// that into the account). Returns the scope it left.
-pub(crate) fn switch_scope(l: &Local, face: &Face, to: u64) -> u64 {
+/// that into the account). Returns the scope it left; `None`, the thread left where it
+/// is, when `to` is a scope and the thread has no exit flush to come: its flush ran
+/// already (a thread-exit destructor that runs after it detaches or ends a retry
+/// block) or could not be registered. Nothing would take such a thread out of `to`
+/// again, and its scope would count it attached for ever.
+pub(crate) fn switch_scope(l: &Local, face: &Face, to: u64) -> Option<u64> {
     ACCOUNT.add(settle(l, face));
-    l.scope.replace(to)
+    if to != 0 && !has_exit_flush(l) {
+        return None;
+    }
+    Some(l.scope.replace(to))
+}
+
+/// Whether the thread's exit flush is still to come (it is registered, and has not
+/// run): only such a thread may join a scope or the retry machine, whose places the
+/// flush gives back. A fresh thread registers at its first slow path ([`settle`]).
+pub(crate) fn has_exit_flush(l: &Local) -> bool {
+    l.phase.get() != Phase::Exited
 }
 
 /// The exit flush: moves the thread's delta to the account and makes every later

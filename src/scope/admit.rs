@@ -71,7 +71,7 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
     let mut blocked = false;
     // Registered as a waiter, and the deadline set, only once a wait is in view: a
     // request that fits touches neither the shared counter nor the clock.
-    let mut waiter: Option<(Waiter, Instant)> = None;
+    let mut waiter: Option<(Waiter<'_>, Instant)> = None;
     loop {
         // What a spill freed on this thread shows up here.
         ACCOUNT.add(ledger::settle(l, face));
@@ -93,7 +93,7 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
                     spill::run(k, gap);
                     continue;
                 }
-                waited_out = !wait_for_free(handle, seen, &mut waiter);
+                waited_out = !wait_for_free(l, handle, seen, &mut waiter);
                 continue;
             }
             Decision::Wait { gap } | Decision::Short { gap } => (gap, Short::Scope),
@@ -120,7 +120,7 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
         // blocks instead.
         if task != handle && !may_block && !waited_out && POOL.lock().others_in_flight(handle) {
             borrowing.start();
-            waited_out = !wait_for_free(handle, seen, &mut waiter);
+            waited_out = !wait_for_free(l, handle, seen, &mut waiter);
             continue;
         }
         match finish(l, face, handle, ask, short, may_block) {
@@ -140,9 +140,14 @@ fn look(l: &Local, face: &Face, handle: u64, ask: Ask, partial: bool) -> Outcome
 /// registers the waiter first (then the caller looks again: a free from then on moves
 /// the generation), then waits for a free seen after `seen`. False once the wait
 /// bound has passed.
-fn wait_for_free(handle: u64, seen: u64, waiter: &mut Option<(Waiter, Instant)>) -> bool {
+fn wait_for_free<'l>(
+    l: &'l Local,
+    handle: u64,
+    seen: u64,
+    waiter: &mut Option<(Waiter<'l>, Instant)>,
+) -> bool {
     let Some((_, deadline)) = *waiter else {
-        *waiter = Some((Waiter::new(), Instant::now() + signal::wait_bound()));
+        *waiter = Some((Waiter::new(ledger::waiting(l)), Instant::now() + signal::wait_bound()));
         return true;
     };
     if Instant::now() >= deadline {

@@ -28,8 +28,8 @@ pub struct Budget {
 pub struct BudgetStats {
     /// What the pool granted: the estimate, less what [`Budget::try_free`] returned.
     pub granted: u64,
-    /// What its threads allocated and have not freed (flushed; may be negative when
-    /// they freed other threads' small blocks).
+    /// What its threads allocated and have not freed (flushed; never below zero: what
+    /// they free past it credits the scope's own use, then the process).
     pub used: i64,
     /// The most its use went past its grant: the deficit it borrowed.
     pub borrowed: u64,

@@ -59,8 +59,8 @@ pub struct ScopeStats {
     pub held: u64,
     /// The highest `held`.
     pub peak: u64,
-    /// Bytes its threads allocated minus freed (flushed). May be negative when its
-    /// threads freed other scopes' small blocks.
+    /// Bytes its threads allocated minus freed (flushed), never below zero: what its
+    /// threads free past that (small blocks allocated outside it) credits the process.
     pub allocated: i64,
     /// Bytes reserved.
     pub reserved: u64,
@@ -105,8 +105,8 @@ impl ScopeStats {
 pub struct ScopeAccount {
     /// What the scope is charged: the larger of `allocated` and `reserved`.
     pub held: u64,
-    /// Bytes its threads allocated minus freed (flushed). May be negative when its
-    /// threads freed other scopes' small blocks.
+    /// Bytes its threads allocated minus freed (flushed), never below zero: what its
+    /// threads free past that (small blocks allocated outside it) credits the process.
     pub allocated: i64,
     /// Bytes reserved.
     pub reserved: u64,

@@ -77,7 +77,8 @@ pub(crate) fn before_fork() {
 }
 
 /// The scopes' part of a fork's parent and child handlers: releases their locks; in
-/// the child, forgets the waiters and spills of threads that did not survive it.
+/// the child, forgets the waiters and spills of threads that did not survive it, and
+/// keeps the forking thread's.
 ///
 /// # Safety
 /// Only from the parent or child handler of the fork whose prepare handler called
@@ -93,8 +94,9 @@ pub(crate) unsafe fn after_fork(child: bool) {
             // busy in the child, and the retry machine must not wait on them.
             POOL.lock().after_fork_child(ledger::this_thread().map_or(0, ledger::scope_of));
         }
-        signal::after_fork(child);
-        let survivor = ledger::this_thread().and_then(ledger::retry_slot);
+        let me = ledger::this_thread();
+        signal::after_fork(child, me.map_or(0, |l| ledger::waiting(l).get()));
+        let survivor = me.and_then(ledger::retry_slot);
         crate::tables::retry::after_fork(child, survivor);
     }
 }
@@ -292,7 +294,10 @@ fn end(handle: u64) -> Result<ScopeReport> {
     Ok(ScopeReport::new(&s, &consumers))
 }
 
-/// Attaches the calling thread of `face` to `handle`; returns the scope it was in.
+/// Attaches the calling thread of `face` to `handle`; returns the scope it was in. A
+/// thread past its exit flush (in a thread-exit destructor that runs after it) is
+/// attached nowhere, since nothing would detach it: its allocations go to the process
+/// account.
 ///
 /// # Errors
 /// [`Error::ScopeEnded`].
@@ -302,7 +307,12 @@ pub fn attach_raw(face: &'static Face, handle: u64) -> Result<u64> {
         return Err(Error::ScopeEnded);
     }
     let _busy = ledger::enter(l);
-    let prev = ledger::switch_scope(l, face, handle);
+    let Some(prev) = ledger::switch_scope(l, face, handle) else {
+        // Past the thread's exit flush: it stays in no scope, its allocations go to
+        // the process account.
+        POOL.lock().detach(handle);
+        return Ok(ledger::scope_of(l));
+    };
     if prev != 0 {
         POOL.lock().detach(prev);
     }
@@ -310,12 +320,18 @@ pub fn attach_raw(face: &'static Face, handle: u64) -> Result<u64> {
 }
 
 /// Moves the calling thread of `face` from its scope to `to` (0: none, or a scope
-/// that has ended). Returns the scope it left.
+/// that has ended; none too for a thread past its exit flush). Returns the scope it
+/// left.
 pub fn detach_raw(face: &'static Face, to: u64) -> u64 {
     let Some(l) = (face.local)() else { return 0 };
     let to = if to != 0 && POOL.lock().attach(to) { to } else { 0 };
     let _busy = ledger::enter(l);
-    let left = ledger::switch_scope(l, face, to);
+    let Some(left) = ledger::switch_scope(l, face, to) else {
+        // Past the thread's exit flush (which left it in no scope): it goes back to
+        // none, not to `to`, which it would never leave.
+        POOL.lock().detach(to);
+        return 0;
+    };
     if left != 0 {
         POOL.lock().detach(left);
     }
@@ -356,6 +372,7 @@ pub fn reserve_raw(
         admit::Outcome::Refused | admit::Outcome::Short => Err(Error::Refused { requested: bytes }),
         admit::Outcome::Rolled(Rollback::Retry) => Err(Error::RetryOom),
         admit::Outcome::Rolled(Rollback::Split) => Err(Error::SplitAndRetryOom),
+        admit::Outcome::Rolled(Rollback::Ended) => Err(Error::ScopeEnded),
     }
 }
 

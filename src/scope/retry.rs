@@ -38,16 +38,12 @@ fn retry_wait() -> Duration {
     Duration::from_millis(RETRY_WAIT_MS.load(Relaxed))
 }
 
-/// Free bytes under the limit now.
-fn headroom() -> u64 {
-    quota().headroom(ACCOUNT.native(), heap_probe::outside())
-}
-
 /// How a blocked request ended.
 pub(crate) enum Verdict {
     /// Room appeared: try the request again.
     Again,
-    /// The machine chose this thread: the request fails with the rollback.
+    /// The machine chose this thread, or its scope ended: the request fails with the
+    /// rollback.
     Rolled(Rollback),
     /// The watchdog ended the wait: refuse, with the report.
     TimedOut,
@@ -95,24 +91,49 @@ fn take_request(m: &mut Machine, i: usize) -> Option<Verdict> {
     Some(Verdict::Rolled(r))
 }
 
+/// What the budget counts beside the native account (the heap probe), read before the
+/// machine is locked: the probe may be user code (a JNI call, a function that takes
+/// the user's locks), and a thread holding such a lock may be on its way into the
+/// machine. Read on a busy-marked thread: a probe function that allocates is charged,
+/// never policed, so it cannot come back to the machine.
+fn outside() -> i64 {
+    heap_probe::outside()
+}
+
 /// Every scope with threads attached, with its room now. Read with the machine
-/// locked, on a busy-marked thread: a heap probe function that allocates there is
-/// charged, never policed, so it cannot come back to the machine.
+/// locked, after the states: a thread shown waiting has given back what it had freed
+/// by then. `outside` is [`outside`], read just before the lock.
 struct Tasks {
     active: [Active; MAX_SCOPES],
     n: usize,
 }
 
 impl Tasks {
-    fn now() -> Tasks {
+    fn now(outside: i64) -> Tasks {
         let mut t = Tasks { active: [Active::default(); MAX_SCOPES], n: 0 };
-        t.n = active_tasks(&mut t.active, headroom());
+        t.n = active_tasks(&mut t.active, quota().headroom(ACCOUNT.native(), outside));
         t
     }
 
     fn get(&self) -> &[Active] {
         &self.active[..self.n]
     }
+}
+
+/// Whether scope `task` has ended: nothing the machine reads would ever wake its
+/// waiters (an ended task is in no list), so they must look themselves. `end` wakes
+/// them.
+fn ended(task: u64) -> bool {
+    rank_of(task).is_none()
+}
+
+/// A blocked request whose scope ended: fails with [`Rollback::Ended`]
+/// ([`Error::ScopeEnded`]; `memquota_last_refusal` says so), the thread running on.
+fn scope_ended(m: &mut Machine, i: usize) -> Verdict {
+    m.set(i, State::Running);
+    m.totals.scope_ended += 1;
+    m.set_last(i, Some(Rollback::Ended));
+    Verdict::Rolled(Rollback::Ended)
 }
 
 /// Runs the deadlock rule; true if it acted (the waiters were woken to see it).
@@ -144,16 +165,18 @@ pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
         return Verdict::Rolled(Rollback::Split);
     }
     let rank = rank_of(task).unwrap_or((u64::MAX, u64::MAX));
-    let _waiter = Waiter::new();
+    let _waiter = Waiter::new(ledger::waiting(l));
     machine().block(i, task, rank, need, held.min(pool - need), first);
     let deadline = Instant::now() + retry_wait();
     let mut waited = false;
     loop {
         let seen = signal::generation();
-        // The rooms are read under the machine's lock, after the states: a thread
-        // shown waiting has given back what it had freed by then.
+        let outside = outside();
         let mut m = machine();
-        let tasks = Tasks::now();
+        if ended(task) {
+            return scope_ended(&mut m, i);
+        }
+        let tasks = Tasks::now(outside);
         if let Some(v) = take_request(&mut m, i) {
             return v;
         }
@@ -177,23 +200,27 @@ pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
 /// After an attempt rolled back: waits until further notice (BUFN), until there is
 /// room for what it failed on and no thread of an older task is blocked (a task
 /// ending makes both true), or the machine resumes it. Never longer than the retry
-/// wait.
-fn wait_until_further_notice(l: &Local, i: usize, task: u64) {
+/// wait. [`Error::ScopeEnded`] at once when the thread's own scope ends.
+fn wait_until_further_notice(l: &Local, i: usize, task: u64) -> Result<()> {
     let _busy = ledger::enter(l);
-    let _waiter = Waiter::new();
+    let _waiter = Waiter::new(ledger::waiting(l));
     let _yielding = Yielding::new(task);
     machine().set(i, State::Bufn);
     let deadline = Instant::now() + retry_wait();
     loop {
         let seen = signal::generation();
-        // The rooms are read under the machine's lock, after the states: a thread
-        // shown waiting has given back what it had freed by then.
+        let outside = outside();
         let mut m = machine();
-        let tasks = Tasks::now();
+        if ended(task) {
+            m.set(i, State::Running);
+            m.totals.scope_ended += 1;
+            return Err(Error::ScopeEnded);
+        }
+        let tasks = Tasks::now(outside);
         let resumed = m.state(i) == State::Running;
         if resumed || Instant::now() >= deadline || m.may_resume(i, tasks.get()) {
             m.set(i, State::Running);
-            return;
+            return Ok(());
         }
         if resolve(m, &tasks) {
             continue;
@@ -234,20 +261,22 @@ fn wait_to_retry(l: &Local, i: usize, task: u64, rollbacks: u32) -> Result<()> {
         machine().totals.retry_limit += 1;
         return Err(Error::RetryOom);
     }
-    wait_until_further_notice(l, i, task);
+    wait_until_further_notice(l, i, task)?;
     machine().totals.retries += 1;
     Ok(())
 }
 
 /// Enters the machine for a retry block on scope `handle`: a slot for the thread's
-/// outermost block (none if the table is full: its requests are then refused as
-/// outside a block), the same slot one level deeper for a nested one.
+/// outermost block (none if the table is full, or if the thread is past its exit
+/// flush, which gives slots back: its requests are then refused as outside a block),
+/// the same slot one level deeper for a nested one.
 fn enter_machine(l: &Local, handle: u64) -> Result<Option<usize>> {
     match ledger::retry_slot(l) {
         Some(i) => {
             machine().nest(i);
             Ok(Some(i))
         }
+        None if !ledger::has_exit_flush(l) => Ok(None),
         None => {
             let rank = rank_of(handle).ok_or(Error::ScopeEnded)?;
             let slot = machine().register(handle, rank);
@@ -326,10 +355,15 @@ impl Drop for Block {
 /// An infallible allocation (`Vec::push`, `Box::new`) refused in a retry block aborts
 /// the process, as outside one: make the attempt's big buffers with `try_reserve`.
 ///
+/// A request blocked in the block, or a thread waiting to run its attempt again, whose
+/// scope ends meanwhile (another thread ends it, as `memquota_scope_end` does) wakes
+/// at once: the request fails with [`Error::ScopeEnded`] (a `try_reserve` maps to it
+/// with `?`), and so does the wait.
+///
 /// # Errors
 /// `f`'s own errors; [`Error::SplitAndRetryOom`]; [`Error::RetryOom`] after
 /// [`MAX_RETRIES`] rollbacks; [`Error::Refused`] when the watchdog ends a wait;
-/// [`Error::ScopeEnded`].
+/// [`Error::ScopeEnded`] (also when the scope ends while the thread waits).
 pub fn with_retry<T>(scope: &TaskScope, mut f: impl FnMut() -> Result<T>) -> Result<T> {
     Block::enter(scope)?.run(&mut f)
 }
@@ -427,7 +461,8 @@ pub fn retry_end_raw(face: &'static Face, prev: u64) {
 ///
 /// # Errors
 /// [`Error::RetryOom`] past [`MAX_RETRIES`] rollbacks since the thread's outermost
-/// block began: give up.
+/// block began: give up. [`Error::ScopeEnded`] when the block's scope ends while the
+/// thread waits (at once).
 pub fn retry_block_raw(face: &'static Face) -> Result<()> {
     let Some(l) = (face.local)() else { return Ok(()) };
     let Some(i) = ledger::retry_slot(l) else { return Ok(()) };
@@ -449,21 +484,23 @@ pub fn retry_block_raw(face: &'static Face) -> Result<()> {
 }
 
 /// How the last refusal on the calling thread of `face` in its retry block went: a
-/// rollback, a split, or `None` (a plain refusal, none since the attempt began, or
-/// the thread is in no block the machine knows).
+/// rollback, a split, its scope ended while it waited, or `None` (a plain refusal,
+/// none since the attempt began, or the thread is in no block the machine knows).
 pub fn last_refusal_raw(face: &'static Face) -> Option<Rollback> {
     (face.local)().and_then(last_refusal_of)
 }
 
 /// A failed `try_reserve` as memquota's error, so `?` works inside [`with_retry`]:
 /// [`Error::RetryOom`] or [`Error::SplitAndRetryOom`] when the allocation failed
-/// because the retry machine chose this thread, else [`Error::Refused`] (with
+/// because the retry machine chose this thread, [`Error::ScopeEnded`] when it failed
+/// because the block's scope ended while it waited, else [`Error::Refused`] (with
 /// `requested: 0`: the size is not known here).
 impl From<std::collections::TryReserveError> for Error {
     fn from(_: std::collections::TryReserveError) -> Error {
         match last_refusal() {
             Some(Rollback::Retry) => Error::RetryOom,
             Some(Rollback::Split) => Error::SplitAndRetryOom,
+            Some(Rollback::Ended) => Error::ScopeEnded,
             None => Error::Refused { requested: 0 },
         }
     }

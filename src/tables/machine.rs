@@ -74,13 +74,15 @@ impl State {
 }
 
 /// How a request in a retry block failed, for `Error::RetryOom` /
-/// `Error::SplitAndRetryOom` and `memquota_last_refusal`.
+/// `Error::SplitAndRetryOom` / `Error::ScopeEnded` and `memquota_last_refusal`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rollback {
     /// Roll the attempt back and run it again.
     Retry,
     /// Split the input and run each piece.
     Split,
+    /// Its scope ended while it waited: `Error::ScopeEnded`.
+    Ended,
 }
 
 /// A task's rank: smaller is older, and outranks larger.

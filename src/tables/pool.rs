@@ -2,12 +2,14 @@
 //! threads allocated (`used`), what it reserved (`reserved`) and what it is charged
 //! (`held`), per consumer its reservations, and the fair-share rule.
 //!
-//! One account, never double counted: a scope is charged
-//! `held = used + max(0, reserved - max(used, 0))`, which is `max(used, reserved)`
-//! whenever `used >= 0`. Allocations first consume the scope's unused reservation;
-//! only past it do they raise `held`. The process account holds the unscoped bytes
-//! plus every scope's `held`, so a change of `held` is the change the process
-//! account must see, and this module returns it to the caller to add. A request that
+//! One account, never double counted: a scope is charged `held = max(used, reserved)`
+//! (plus its budgets' charges). Allocations first consume the scope's unused
+//! reservation; only past it do they raise `held`. The process account holds the
+//! unscoped bytes plus every scope's `held`, so a change of `held` is the change the
+//! process account must see, and this module returns it to the caller to add, with
+//! what a credit passes to the process unscoped: a use never goes below zero (see
+//! [`change`]), so a reservation never covers less of a scope's allocations than
+//! they are. A request that
 //! must fit the account hands [`Pool::try_grant`] (or [`Pool::apply_charged`]) the
 //! charge to make, which runs under the lock: the figures change only if the account
 //! takes their change, and no free can be credited in between.
@@ -152,9 +154,9 @@ impl Scope {
         }
     }
 
-    /// The charge for `used` allocated and `reserved` reserved bytes.
+    /// The charge for `used` allocated (never below zero) and `reserved` reserved bytes.
     pub(crate) fn held_for(used: i64, reserved: i64) -> i64 {
-        used.saturating_add(reserved.saturating_sub(used.max(0)).max(0))
+        used.max(reserved)
     }
 
     /// Changes its figures with `f`; returns the change of `held`. Its budgets'
@@ -280,28 +282,53 @@ impl Share {
 }
 
 /// Adds `g` bytes allocated (`alloc`) or reserved to scope `s`, through budget `b`
-/// when the request is one of its threads'; returns the change of `held`. A live
-/// budget's allocations draw on its grant, and a reservation on it grants it more; a
-/// draining budget's blocks are the scope's own.
-fn change(s: &mut Scope, b: Option<&mut Entry>, alloc: bool, g: i64) -> i64 {
+/// when the request is one of its threads'; returns the change of `held` and the
+/// bytes that pass to the process account unscoped. A live budget's allocations draw
+/// on its grant, and a reservation on it grants it more; a draining budget's blocks
+/// are the scope's own.
+///
+/// A credit never takes a use below zero: a live budget's use takes what it can,
+/// then the scope's own use, and the rest passes to the process. What a thread frees
+/// past what its budget and scope allocated is memory they never had (allocated
+/// outside the scope or before it began: a plan built outside a query, dropped inside
+/// its scope), so it is the process's to credit. Driven below zero, a use would hide
+/// under a reservation or a grant: the process account would miss the free while
+/// the reservation covers it, or the next allocations would refill the use first and
+/// be charged on top of the reservation.
+fn change(s: &mut Scope, b: Option<&mut Entry>, alloc: bool, g: i64) -> (i64, i64) {
+    let own = s.used.saturating_sub(s.in_budgets);
     match b {
         Some(b) if b.live => {
+            let (g, past) = if alloc { down_to_zero(b.used, g) } else { (g, 0) };
+            let (mine, passed) = down_to_zero(own, past);
             let dc = if alloc { b.allocate(g) } else { b.grant(g) };
-            s.update(|s| {
+            let dh = s.update(|s| {
                 if alloc {
-                    s.used = s.used.saturating_add(g);
+                    s.used = s.used.saturating_add(g).saturating_add(mine);
                     s.in_budgets = s.in_budgets.saturating_add(g);
                 }
                 s.budgets += dc;
-            })
+            });
+            (dh, passed)
         }
         Some(b) if alloc => {
-            b.allocate(g);
-            s.update(|s| s.used = s.used.saturating_add(g))
+            let (g, passed) = down_to_zero(own, g);
+            b.allocate(down_to_zero(b.used, g).0);
+            (s.update(|s| s.used = s.used.saturating_add(g)), passed)
         }
-        _ if alloc => s.update(|s| s.used = s.used.saturating_add(g)),
-        _ => s.update(|s| s.reserved = s.reserved.saturating_add(g).max(0)),
+        _ if alloc => {
+            let (g, passed) = down_to_zero(own, g);
+            (s.update(|s| s.used = s.used.saturating_add(g)), passed)
+        }
+        _ => (s.update(|s| s.reserved = s.reserved.saturating_add(g).max(0)), 0),
     }
+}
+
+/// Splits a change `g` of a use `used` into what the use takes and what passes on:
+/// all of a charge; of a credit, what takes the use down to zero.
+fn down_to_zero(used: i64, g: i64) -> (i64, i64) {
+    let take = g.max(used.max(0).saturating_neg());
+    (take, g - take)
 }
 
 pub(crate) struct Pool {
@@ -535,26 +562,28 @@ impl Pool {
     }
 
     /// Adds `d` bytes an attached thread allocated (or, negative, freed) to its scope.
-    /// Returns the process account's change: `d` itself if the scope has ended.
+    /// Returns the process account's change: `d` itself if the scope has ended, and
+    /// all of a credit past the scope's use (see [`change`]).
     pub(crate) fn attribute(&mut self, handle: u64, d: i64) -> i64 {
         self.step(handle, true, d).unwrap_or(d)
     }
 
     /// Adds `g` bytes allocated (`alloc`) or reserved by `handle` (a scope or a
-    /// budget) to the tables; returns the change of `held`, `None` if the scope has
-    /// ended. A budget's allocations draw on its grant; a reservation on a budget
-    /// grants it more (or, negative, returns part of it).
+    /// budget) to the tables; returns the change the process account must see (of
+    /// `held`, and a credit past the uses, [`change`]), `None` if the scope has ended.
+    /// A budget's allocations draw on its grant; a reservation on a budget grants it
+    /// more (or, negative, returns part of it).
     fn step(&mut self, handle: u64, alloc: bool, g: i64) -> Option<i64> {
         let scope_key = self.task_of(handle);
         self.scope(scope_key)?;
         let mut b = self.budget(handle).copied();
-        let dh = self.with_count(scope_key, |s| change(s, b.as_mut(), alloc, g))?;
+        let (dh, passed) = self.with_count(scope_key, |s| change(s, b.as_mut(), alloc, g))?;
         if let (Some(mut b), Some(slot)) = (b, budget::slot_of(handle)) {
             b.clear_if_free();
             self.budgets[slot] = b;
         }
         self.held_sum += dh;
-        Some(dh)
+        Some(dh + passed)
     }
 
     /// Begins a budget drawn from scope `handle`, granted nothing yet; its key.
@@ -737,7 +766,10 @@ impl Pool {
         let g = i64::try_from(granted).unwrap_or(i64::MAX);
         let alloc = matches!(ask, Ask::Alloc(_));
         match self.scope(handle) {
-            Some(s) => change(&mut { *s }, self.budget(handle).copied().as_mut(), alloc, g),
+            Some(s) => {
+                let (dh, passed) = change(&mut { *s }, self.budget(handle).copied().as_mut(), alloc, g);
+                dh + passed
+            }
             None if alloc => g,
             None => 0,
         }
@@ -890,8 +922,32 @@ mod tests {
     fn held_is_the_larger_of_used_and_reserved() {
         assert_eq!(Scope::held_for(10, 30), 30);
         assert_eq!(Scope::held_for(40, 30), 40);
-        assert_eq!(Scope::held_for(-5, 0), -5);
-        assert_eq!(Scope::held_for(-5, 20), 15);
+    }
+
+    #[test]
+    fn a_credit_past_the_use_passes_to_the_process() {
+        let (mut p, h) = one_scope();
+        let r = Ask::Reserve { bytes: 100, consumer: 0 };
+        assert!(matches!(p.try_grant(h, r, false, true, Among::Begun, ANY), Decision::Granted { .. }));
+        assert_eq!(p.attribute(h, 30), 0, "inside the reservation");
+        // Freed: 30 of its own (under the reservation), 20 it never allocated.
+        assert_eq!(p.attribute(h, -50), -20, "what it never allocated credits the process");
+        assert_eq!(p.scope(h).map(|s| (s.used, s.held)), Some((0, 100)));
+        assert_eq!(p.attribute(h, 100), 0, "the reservation covers all it allocates next");
+        assert_eq!(p.scope(h).map(|s| (s.used, s.held)), Some((100, 100)));
+        // Through a budget: its use first, then the scope's own, then the process.
+        let b = p.begin_budget(h).unwrap();
+        let grant = Ask::Reserve { bytes: 40, consumer: 0 };
+        assert!(matches!(p.try_grant(b, grant, false, true, Among::Begun, ANY), Decision::Granted { .. }));
+        assert_eq!(p.attribute(b, 10), 0, "inside the grant");
+        assert_eq!(p.attribute(b, -200), -90, "10 of the budget's, 100 of the scope's, 90 past both");
+        assert_eq!(p.budget_figures(b), Some((40, 0, 0)));
+        assert_eq!(p.scope(h).map(|s| (s.used, s.in_budgets, s.held)), Some((0, 0, 140)));
+        assert_eq!(p.attribute(b, 40), 0, "the grant covers all the budget allocates next");
+        assert_eq!(p.end_budget(b), -40, "its blocks stay with the scope, under its reservation");
+        assert_eq!(p.attribute(b, -60), -20, "a draining budget's blocks are the scope's own");
+        assert_eq!(p.scope(h).map(|s| (s.used, s.held)), Some((0, 100)));
+        assert_eq!(p.held_sum, 100);
     }
 
     #[test]

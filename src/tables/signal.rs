@@ -3,11 +3,13 @@
 //! a flush of a thread's delta (the ledger) is such a change.
 
 use crate::sync::{lock, wait_timeout, ForkHeld};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Requests in flight that may wait; a free wakes waiters only when there are any.
+/// Requests in flight that may wait ([`Waiter`]s alive); a free wakes waiters only
+/// when there are any.
 static WAITERS: AtomicU32 = AtomicU32::new(0);
 /// Bumped by a free while someone may wait.
 static FREE_GEN: AtomicU64 = AtomicU64::new(0);
@@ -28,14 +30,17 @@ pub(crate) fn before_fork() {
     unsafe { WAIT_HELD.keep(lock(&WAIT)) };
 }
 
-/// The wait lock's part of a fork's parent and child handlers. In the child no
-/// request waits: the threads that did are gone.
+/// The wait lock's part of a fork's parent and child handlers. In the child the
+/// waiters are the `survivors` the forking thread holds ([`Waiter::new`]'s count on
+/// it): the threads that held the others are gone, and a waiter the forking thread
+/// holds (a fork from a spill callback, inside a request that waited) is dropped in
+/// the child too, so the count must keep it or it wraps below zero there.
 ///
 /// # Safety
 /// On the thread whose prepare handler called [`before_fork`], once.
-pub(crate) unsafe fn after_fork(child: bool) {
+pub(crate) unsafe fn after_fork(child: bool, survivors: u32) {
     if child {
-        WAITERS.store(0, SeqCst);
+        WAITERS.store(survivors, SeqCst);
     }
     // SAFETY: forwarded contract.
     unsafe { WAIT_HELD.release() };
@@ -62,18 +67,25 @@ pub(crate) fn wait_for_free(seen: u64, deadline: Instant) {
 }
 
 /// A request that may wait: registered while alive, so frees know to wake it.
-pub(crate) struct Waiter;
+pub(crate) struct Waiter<'a> {
+    /// The owning thread's count of the waiters it holds (kept in its ledger state),
+    /// what a fork child's count starts from.
+    mine: &'a Cell<u32>,
+}
 
-impl Waiter {
-    pub(crate) fn new() -> Waiter {
+impl<'a> Waiter<'a> {
+    /// Registers a waiter of the calling thread, whose count of waiters is `mine`.
+    pub(crate) fn new(mine: &'a Cell<u32>) -> Waiter<'a> {
+        mine.set(mine.get().saturating_add(1));
         WAITERS.fetch_add(1, SeqCst);
-        Waiter
+        Waiter { mine }
     }
 }
 
-impl Drop for Waiter {
+impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         WAITERS.fetch_sub(1, SeqCst);
+        self.mine.set(self.mine.get().saturating_sub(1));
     }
 }
 

@@ -120,6 +120,8 @@ public final class MemQuota {
     public static final int REFUSAL_ROLLBACK = 1;
     /** {@link #lastRefusal}: told to split. */
     public static final int REFUSAL_SPLIT = 2;
+    /** {@link #lastRefusal}: the block's scope ended while the request waited. */
+    public static final int REFUSAL_SCOPE_ENDED = 3;
 
     /**
      * Runs {@code attempt} on the calling thread attached to {@code scope}, in a retry
@@ -228,14 +230,15 @@ public final class MemQuota {
      * @return true: run the attempt again (at once if no rollback was pending); false:
      *     the thread was rolled back more than {@link #MAX_RETRIES} times in its
      *     outermost block, give up
-     * @throws IllegalStateException if the thread is in no retry block
+     * @throws IllegalStateException if the thread is in no retry block, or if the
+     *     block's scope ended (at once, also while the thread waits)
      */
     public static native boolean retryBlock();
 
     /**
      * How the calling thread's last refusal in its retry block went: {@link
-     * #REFUSAL_ROLLBACK}, {@link #REFUSAL_SPLIT} or {@link #REFUSAL_NONE}; negative if
-     * the thread is in no retry block.
+     * #REFUSAL_ROLLBACK}, {@link #REFUSAL_SPLIT}, {@link #REFUSAL_SCOPE_ENDED} or {@link
+     * #REFUSAL_NONE}; negative if the thread is in no retry block.
      */
     public static native int lastRefusal();
 

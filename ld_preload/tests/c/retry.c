@@ -2,13 +2,17 @@
  * retry blocks through the C ABI (memquota_retry_begin / _end / _block,
  * memquota_last_refusal, memquota_scope_reserve's -EAGAIN and -E2BIG). Prints
  * key=value lines the test checks; a CHECK that fails exits with 3. Nothing is printed
- * while a thread is attached (stdio's buffer would be charged to its scope). */
+ * while a thread is attached (stdio's buffer would be charged to its scope).
+ * `retry ends` runs issue 30's cases instead: a scope ended under its blocked
+ * threads, and a block ended by a thread-exit destructor after memquota's exit flush. */
 #include "../../include/memquota.h"
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Weak: resolved from the preloaded library at load time (the program is linked
  * without it). */
@@ -238,8 +242,129 @@ static void splits(void) {
     printf("plain=%s why %d\n", k < 400 ? "null" : "granted", plain_why);
 }
 
-int main(void) {
+/* ---- issue 30: ends that come from elsewhere ----------------------------------- */
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* A thread in a retry block of `scope` whose 200 MiB request blocks (by malloc, or
+ * by reservation), and how its wait ended. */
+struct waiter {
+    uint64_t scope;
+    int by_malloc;
+    int64_t got; /* the reservation's result; for malloc 1 (granted) or 0 (NULL) */
+    int err;     /* errno of malloc's NULL */
+    int why;     /* memquota_last_refusal() after the request */
+    long long woke;
+};
+
+static void *wait_in_block(void *arg) {
+    struct waiter *w = arg;
+    CHECK(memquota_retry_begin(w->scope) == 0);
+    if (w->by_malloc) {
+        errno = 0;
+        void *p = malloc(200 * MIB);
+        w->err = errno;
+        w->got = p != NULL;
+        free(p);
+    } else {
+        w->got = memquota_scope_reserve(w->scope, 200 * MIB, 0);
+    }
+    w->why = memquota_last_refusal();
+    w->woke = now_ms();
+    CHECK(memquota_retry_end() == 0);
+    return NULL;
+}
+
+static pthread_barrier_t holder_in, holder_out;
+
+/* Attached to the scope outside any retry block: it may free, so the scope is never
+ * blocked and the machine never acts on its waiters. */
+static void *hold_attached(void *scope) {
+    CHECK(memquota_scope_attach(*(uint64_t *)scope) == 0);
+    pthread_barrier_wait(&holder_in);
+    pthread_barrier_wait(&holder_out);
+    CHECK(memquota_scope_detach() == 0);
+    return NULL;
+}
+
+/* 100 MiB held outside any scope: the scope's 200 MiB requests wait, for the watchdog
+ * (10 s) at most, unless something ends them. The scope ends: both wake at once. */
+static void ended_under_waiters(void) {
+    void *outside = malloc(100 * MIB);
+    CHECK(outside != NULL);
+    uint64_t scope = memquota_scope_begin("ended under its waiters", 30, 0);
+    pthread_t holder, th[2];
+    CHECK(pthread_barrier_init(&holder_in, NULL, 2) == 0 && pthread_barrier_init(&holder_out, NULL, 2) == 0);
+    CHECK(pthread_create(&holder, NULL, hold_attached, &scope) == 0);
+    pthread_barrier_wait(&holder_in);
+    struct waiter w[2] = {{.scope = scope, .by_malloc = 1}, {.scope = scope, .by_malloc = 0}};
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, wait_in_block, &w[i]) == 0);
+    while (stat_of("blocked_threads") < 2) sched_yield(); /* both wait in the machine */
+    long long ended = now_ms();
+    CHECK(memquota_scope_end(scope, NULL, 0) == 0);
+    for (int i = 0; i < 2; i++) CHECK(pthread_join(th[i], NULL) == 0);
+    pthread_barrier_wait(&holder_out);
+    CHECK(pthread_join(holder, NULL) == 0);
+    free(outside);
+    printf("ended_malloc=granted %lld errno %d why %d ms %lld\n", (long long)w[0].got, w[0].err, w[0].why,
+           w[0].woke - ended);
+    printf("ended_reserve=got %lld why %d ms %lld\n", (long long)w[1].got, w[1].why, w[1].woke - ended);
+}
+
+static pthread_key_t late_key;
+static long long threads_alive, threads_in_destructor;
+static int late_end_rc = -1;
+
+/* Runs after the preload's exit flush: its key was created before ours, and glibc runs
+ * a thread's destructors in the order of their keys. */
+static void end_block_late(void *value) {
+    (void)value;
+    threads_in_destructor = stat_of("threads");
+    late_end_rc = memquota_retry_end();
+}
+
+/* Attached to `s` for its life, then in a retry block of `t`, which a destructor ends
+ * after the exit flush: that must not put the dead thread back into `s`. */
+static void *late_thread(void *scopes) {
+    uint64_t *st = scopes;
+    CHECK(memquota_scope_attach(st[0]) == 0);
+    free(malloc(1000));
+    CHECK(memquota_retry_begin(st[1]) == 0);
+    threads_alive = stat_of("threads");
+    CHECK(pthread_setspecific(late_key, st) == 0);
+    return NULL;
+}
+
+static void block_ended_after_the_exit_flush(void) {
+    CHECK(pthread_key_create(&late_key, end_block_late) == 0);
+    uint64_t st[2] = {memquota_scope_begin("attached for life", 31, 0), memquota_scope_begin("late end", 32, 0)};
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, late_thread, st) == 0);
+    CHECK(pthread_join(th, NULL) == 0);
+    CHECK(memquota_scope_end(st[1], NULL, 0) == 0);
+    /* A scope idle after its work (no memory, no thread) leaves the fair share: a new
+     * one may take 200 of the 256 MiB. One the dead thread stayed in narrows it. */
+    uint64_t asker = memquota_scope_begin("asker", 33, 0);
+    int64_t got = memquota_scope_reserve(asker, 200 * MIB, 1);
+    CHECK(got > 0);
+    memquota_scope_release(asker, (uint64_t)got);
+    CHECK(memquota_scope_end(asker, NULL, 0) == 0);
+    CHECK(memquota_scope_end(st[0], NULL, 0) == 0);
+    printf("late_end=rc %d after_flush %d share %lld\n", late_end_rc, threads_in_destructor == threads_alive - 1,
+           (long long)got);
+}
+
+int main(int argc, char **argv) {
     CHECK(memquota_retry_begin != NULL); /* the preload is really there */
+    if (argc > 1 && strcmp(argv[1], "ends") == 0) {
+        ended_under_waiters();
+        block_ended_after_the_exit_flush();
+        return 0;
+    }
     edges();
 
     uint64_t left = memquota_scope_begin("left", 80, 0);
