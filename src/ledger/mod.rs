@@ -31,7 +31,8 @@
 //! cannot loosen while the account stays past it, so native plus heap stays at or
 //! under `limit + error_bound()` for any program, including one that keeps
 //! allocating after refusals (plus the over-commit allowance for requests under
-//! `refuse_min`). The threshold is `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser
+//! `refuse_min`, and the emergency reserve refused threads draw on, `reserve.rs`).
+//! The threshold is `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser
 //! than ClickHouse's `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a
 //! 256th of its limit.
 //!
@@ -241,6 +242,10 @@ pub struct Local {
     /// waiters): a fork child's count of waiters starts from the forking thread's.
     /// Read on the slow path only.
     waiting: Cell<u32>,
+    /// The emergency reserve's epoch in which this thread was last refused (0:
+    /// never): it may draw on the reserve while the epoch lasts (`reserve.rs`). Read
+    /// on the slow path only.
+    refused: Cell<u32>,
     /// Bytes a gate in a retry block charged to the thread's scope and the account
     /// for the allocation that follows it ([`prepay_scoped`]).
     prepaid_scoped: Cell<u64>,
@@ -267,6 +272,7 @@ impl Local {
             scope: Cell::new(0),
             retry: Cell::new(0),
             waiting: Cell::new(0),
+            refused: Cell::new(0),
             prepaid_scoped: Cell::new(0),
             lag: Cell::new(0),
             lead: Cell::new(0),
@@ -576,6 +582,16 @@ pub(crate) fn waiting(l: &Local) -> &Cell<u32> {
 /// Sets (or, `None`, clears) the thread's slot in the retry machine.
 pub(crate) fn set_retry_slot(l: &Local, slot: Option<usize>) {
     l.retry.set(slot.map_or(0, |i| i as u32 + 1));
+}
+
+/// The emergency reserve's epoch in which the thread was last refused (0: never).
+pub(crate) fn refused_in(l: &Local) -> u32 {
+    l.refused.get()
+}
+
+/// Records that the thread was refused in the emergency reserve's epoch `epoch`.
+pub(crate) fn set_refused_in(l: &Local, epoch: u32) {
+    l.refused.set(epoch);
 }
 
 /// Attributes `bytes` charged on the slow path to the thread's scope; returns the
