@@ -1,9 +1,10 @@
 //! Admission against the process budget: grant under the limit by compare-and-swap,
 //! over-commit small requests within a bound, run or await synchronous reclaims while
-//! they help, and otherwise refuse with a report. Also the counting-only admission of
-//! `Enforcement::Gates` and the check that makes a thread tight past the limit. "Heap"
-//! below is everything outside the native account the budget counts: the heap
-//! figure, and untracked memory under `Untracked::Count` (`untracked::outside`).
+//! they help, draw on the emergency reserve for a thread refused before, and otherwise
+//! refuse with a report. Also the counting-only admission of `Enforcement::Gates` and
+//! the check that makes a thread tight past the limit. "Heap" below is everything
+//! outside the native account the budget counts: the heap figure, and untracked
+//! memory under `Untracked::Count` (`untracked::outside`).
 
 use crate::config::OnOom;
 use crate::gc::{SyncOutcome, Throttle};
@@ -13,6 +14,7 @@ use crate::purge;
 use crate::quota::{Pressure, Quota};
 use crate::reclaim;
 use crate::report::{self, Refusal};
+use crate::reserve;
 use crate::settings::{self, policing_allocations, quota};
 use std::cell::Cell;
 
@@ -199,15 +201,17 @@ pub(crate) fn try_admit_with(
     let quota = quota();
     let mut throttle = None;
     let mut round = 0;
+    let mut asked;
     loop {
         let heap = heap_probe::outside();
         let room = Room::at(quota, heap, quota.native_ceiling(heap));
         match room.try_with(&mut take) {
             Take::Taken => return Ok(()),
             Take::Short => {}
-            Take::Off => break,
+            Take::Off => return Err(throttle),
         }
         let (bytes, native) = (room.asked.get(), room.native.get());
+        asked = bytes;
         // A small request is never refused while the over-commit stays bounded: the
         // threads that make them (a JVM's, C++ code) die on a failed malloc. It never
         // waits for a reclaim either; it asks for one in the background. Counted as
@@ -216,7 +220,7 @@ pub(crate) fn try_admit_with(
             match Room::at(quota, heap, quota.overcommit_ceiling(heap)).try_with(&mut take) {
                 Take::Taken => return Ok(()),
                 Take::Short => {}
-                Take::Off => break,
+                Take::Off => return Err(throttle),
             }
         }
         if round == MAX_SYNC_ROUNDS || !reclaim::has_reclaimer() {
@@ -235,7 +239,32 @@ pub(crate) fn try_admit_with(
             }
         }
     }
+    if draw(l, quota, asked, &mut take) {
+        return Ok(());
+    }
     Err(throttle)
+}
+
+/// The last resort of a thread refused before (its out-of-memory handler, say): a
+/// small request drawn on the emergency reserve (`reserve.rs`), charged against the
+/// ceiling that refused it plus the reserve's size. `asked`: the charge the last try
+/// asked for.
+fn draw(l: &Local, quota: Quota, asked: i64, take: &mut impl FnMut(&Room) -> Take) -> bool {
+    let Some(reserve) = reserve::room_for(l, asked, quota.limit) else {
+        return false;
+    };
+    let heap = heap_probe::outside();
+    let ceiling = if (asked as u64) < settings::refuse_min() {
+        quota.overcommit_ceiling(heap)
+    } else {
+        quota.native_ceiling(heap)
+    };
+    let room = Room::at(quota, heap, ceiling.saturating_add(reserve));
+    let drawn = room.try_with(take) == Take::Taken;
+    if drawn {
+        reserve::drew(room.asked.get());
+    }
+    drawn
 }
 
 /// Counts and reports a refusal (a full report, or a count the next report sums up:
@@ -244,8 +273,13 @@ pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>, worst: OnOom) -> bo
     // In a retry block this refusal is a plain one: what the thread's last refusal
     // was (`memquota_last_refusal`, `From<TryReserveError>`) must not stay the
     // rollback or split of an earlier request.
-    if let Some(i) = ledger::this_thread().and_then(ledger::retry_slot) {
-        crate::tables::retry::machine().set_last(i, None);
+    if let Some(l) = ledger::this_thread() {
+        if let Some(i) = ledger::retry_slot(l) {
+            crate::tables::retry::machine().set_last(i, None);
+        }
+        // What the thread does next may be its out-of-memory handler: it may draw on
+        // the emergency reserve.
+        reserve::note_refused(l);
     }
     let abort = settings::abort_on_oom() && worst == OnOom::Abort;
     let policy = if abort { OnOom::Abort } else { OnOom::Null };

@@ -10,6 +10,10 @@ use std::fmt::{self, Write};
 /// command reads back.
 pub mod metric {
     #[allow(missing_docs)]
+    pub const EMERGENCY_GRANTS_TOTAL: &str = "memquota_emergency_grants_total";
+    #[allow(missing_docs)]
+    pub const EMERGENCY_RESERVE_BYTES: &str = "memquota_emergency_reserve_bytes";
+    #[allow(missing_docs)]
     pub const ERROR_BOUND_BYTES: &str = "memquota_error_bound_bytes";
     #[allow(missing_docs)]
     pub const HEADROOM_BYTES: &str = "memquota_headroom_bytes";
@@ -157,7 +161,7 @@ const fn counter(name: &'static str, help: &'static str) -> Metric {
 }
 
 /// The metrics in exposition order, with their values taken from a snapshot.
-fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 57] {
+fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 59] {
     let limit = if s.limit == u64::MAX { 0 } else { s.limit };
     let c = &s.container;
     [
@@ -215,6 +219,19 @@ fn metrics(s: &Stats) -> [(Metric, &'static str, u64); 57] {
             counter(OVERCOMMIT_TOTAL, "Grants that left native plus heap past the limit."),
             "",
             s.overcommits,
+        ),
+        (
+            gauge(
+                EMERGENCY_RESERVE_BYTES,
+                "What is left of the emergency reserve refused threads may draw on (whole again under the limit).",
+            ),
+            "",
+            s.emergency_reserve_bytes,
+        ),
+        (
+            counter(EMERGENCY_GRANTS_TOTAL, "Small requests of refused threads granted from the emergency reserve."),
+            "",
+            s.emergency_grants,
         ),
         (
             gauge(

@@ -58,6 +58,8 @@ mod reclaim;
 #[cfg(not(loom))]
 mod report;
 #[cfg(not(loom))]
+mod reserve;
+#[cfg(not(loom))]
 mod snapshot;
 #[cfg(not(loom))]
 mod untracked;
@@ -115,6 +117,7 @@ pub mod face {
     pub use crate::purge::added_jemalloc_options;
     pub use crate::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
     pub use crate::report::{flush_quiet, write_container, write_untracked_note};
+    pub use crate::reserve::{size_for as emergency_reserve_for, DRAW_MAX as EMERGENCY_DRAW_MAX};
     pub use crate::scope::{
         attach_raw, begin_raw, detach_raw, end_raw, last_refusal_raw, note_alloc, note_free,
         note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,

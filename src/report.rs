@@ -6,8 +6,10 @@
 //! are only counted, and the next full report starts with one line that sums them up.
 //! A material change (a new scope began, a reclaim freed nothing, the limit moved)
 //! writes a full report inside the window too, at most [`PER_WINDOW`] per window. A
-//! refusal while another report is being written (a crash handler that allocates) is
-//! counted, never reported in turn. The counters stay exact: every refusal counts.
+//! refusal while another thread's report is being written is counted, never reported
+//! in turn, and waits for that report to be handed to the hook before it returns (at
+//! most [`WRITER_WAIT`]): a program that crashes on the NULL would otherwise take the
+//! report down with it. The counters stay exact: every refusal counts.
 
 use crate::config::{HeapMode, OnOom};
 use crate::gc::{ReclaimKind, ReclaimRecord, Throttle, HISTORY};
@@ -15,8 +17,11 @@ use crate::stats::{ContainerStats, PressureSource, Stats};
 use crate::sync::{lock, ForkHeld, Mutex, MutexGuard};
 use crate::text::{write_stderr, FixedBuf, Size};
 use std::fmt::{self, Write};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::sync::atomic::{
+    AtomicBool, AtomicU64, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use std::time::{Duration, Instant};
 
 /// A receiver of OOM reports. Called on the refusing thread, inside the allocator,
 /// with no lock of memquota's held: it may allocate (that is charged, never refused)
@@ -74,6 +79,15 @@ static FLOOD: Mutex<Flood> = Mutex::new(Flood {
 });
 /// Set while a full report is being written.
 static WRITING: AtomicBool = AtomicBool::new(false);
+/// The thread writing it (the address of its ledger state; 0: none known).
+static WRITER: AtomicUsize = AtomicUsize::new(0);
+/// Full reports whose writing has ended (handed to the hook, or given up).
+static TURNS_ENDED: AtomicU64 = AtomicU64::new(0);
+/// The longest a refused thread waits for another thread's report in progress. A
+/// report takes microseconds to build and as long as its hook takes to write it; the
+/// bound is for a hook that cannot go on (a full pipe nobody reads, a lock the waiting
+/// thread's caller holds), after which the refusal returns all the same.
+pub(crate) const WRITER_WAIT: Duration = Duration::from_secs(1);
 static FULL_REPORTS: AtomicU64 = AtomicU64::new(0);
 static REFUSALS: AtomicU64 = AtomicU64::new(0);
 static HOOK_PANICS: AtomicU64 = AtomicU64::new(0);
@@ -112,7 +126,30 @@ pub(crate) struct Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        WRITING.store(false, Relaxed);
+        WRITER.store(0, Relaxed);
+        WRITING.store(false, Release);
+        TURNS_ENDED.fetch_add(1, Release);
+    }
+}
+
+/// The calling thread's identity for [`WRITER`]: the address of its ledger state.
+fn this_writer() -> usize {
+    crate::ledger::this_thread().map_or(0, |l| l as *const crate::ledger::Local as usize)
+}
+
+/// Waits, at most [`WRITER_WAIT`], until the report another thread was writing when
+/// `seen` turns had ended is handed over (or its writing given up). No lock is held
+/// and nothing is allocated: short sleeps, from 20 us doubling to 1 ms.
+fn wait_for_writer(seen: u64) {
+    let Some(deadline) = Instant::now().checked_add(WRITER_WAIT) else { return };
+    let mut pause = Duration::from_micros(20);
+    while WRITING.load(Acquire) && TURNS_ENDED.load(Acquire) == seen {
+        let now = Instant::now();
+        if now >= deadline {
+            return;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(1));
     }
 }
 
@@ -129,6 +166,8 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     let changed = f.mark != mark && f.full < PER_WINDOW;
     // One writer at a time: a refusal while a report is written is counted only.
     let writing = WRITING.load(Relaxed);
+    let seen = TURNS_ENDED.load(Acquire);
+    let me = this_writer();
     if !force && (writing || (open && !changed)) {
         let q = &mut f.quiet;
         q.count += 1;
@@ -145,6 +184,13 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
             Size(requested),
         );
         *lock(&LAST) = line;
+        // The report in progress is this refusal's report too: the caller may crash
+        // on the NULL it gets, so it returns once the report is out. Never for the
+        // writer's own thread (a refusal nested in its hook would wait for itself;
+        // its busy mark keeps allocations there from being refused anyway).
+        if writing && (me == 0 || WRITER.load(Relaxed) != me) {
+            wait_for_writer(seen);
+        }
         return None;
     }
     if !open {
@@ -154,6 +200,7 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     f.full += 1;
     f.mark = mark;
     f.last_full = Some(now);
+    WRITER.store(me, Relaxed);
     WRITING.store(true, Relaxed);
     Some(Turn { quiet: std::mem::take(&mut f.quiet) })
 }
@@ -208,6 +255,7 @@ pub(crate) fn before_fork() {
 /// [`before_fork`].
 pub(crate) unsafe fn after_fork(child: bool) {
     if child {
+        WRITER.store(0, Relaxed);
         WRITING.store(false, Relaxed);
     }
     // SAFETY: forwarded contract, in the reverse order of `before_fork`.

@@ -7,6 +7,7 @@ use crate::admission::{self, admit, count_only, past_ceiling, Take};
 use crate::config::OnOom;
 use crate::ledger::{self, Face, Local, ACCOUNT};
 use crate::purge;
+use crate::reserve;
 use crate::settings::{self, ensure_configured, policing_allocations};
 use crate::tables;
 
@@ -56,6 +57,9 @@ fn visit(face: &'static Face, bytes: i64, taken: bool) -> bool {
     let over = past_ceiling();
     if over && (flushed > 0 || (granted && bytes > 0)) {
         ledger::note_overcommit();
+    } else if !over {
+        // Back at or under the limit: the emergency reserve is whole again.
+        reserve::refill(l);
     }
     ACCOUNT.add(ledger::rearm(l, over));
     granted

@@ -33,6 +33,8 @@ pub fn stats() -> Stats {
         headroom: quota.headroom(native, outside),
         overcommit: Quota::excess(native.max(0), outside, quota.limit),
         overcommits: ledger::overcommits(),
+        emergency_reserve_bytes: crate::reserve::left(quota.limit),
+        emergency_grants: crate::reserve::grants(),
         refuse_min: settings::refuse_min(),
         reclaims_sync: counts.sync.load(Relaxed),
         reclaims_background: counts.background.load(Relaxed),

@@ -255,11 +255,20 @@ pub struct Stats {
     /// `limit - (native + counted heap)`, 0 when over.
     pub headroom: u64,
     /// Bytes past the limit now: `native + counted heap - limit`, 0 when under. Bounded
-    /// by `error_bound`, plus a sixteenth of the limit when `refuse_min` is set.
+    /// by `error_bound`, plus a sixteenth of the limit when `refuse_min` is set, plus
+    /// the emergency reserve (a 64th of the limit, at most 1 MiB).
     pub overcommit: u64,
     /// Grants that left the account past the limit: small requests over-committed
-    /// under `refuse_min`, and flushes of memory already taken on the fast path.
+    /// under `refuse_min`, draws on the emergency reserve, and flushes of memory
+    /// already taken on the fast path.
     pub overcommits: u64,
+    /// What is left of the emergency reserve: the bytes a thread refused since the
+    /// account was last under the limit may still take past the refusal, in requests
+    /// of at most 64 KiB (its out-of-memory handler's). Whole again when the account
+    /// is back under the limit.
+    pub emergency_reserve_bytes: u64,
+    /// Requests granted from the emergency reserve.
+    pub emergency_grants: u64,
     /// The smallest request that may be refused.
     pub refuse_min: u64,
     /// Reclaims run synchronously by an allocation over the limit.

@@ -556,10 +556,11 @@ fn race(handles: &[Option<ScopeHandle>], how: Race) -> (Samples, Vec<Churned>) {
 }
 
 /// The account's bound past the limit: every live thread's slack, one more for good
-/// measure (the ledger's error bound, as tests/torture.rs counts it), plus `extra`.
+/// measure (the ledger's error bound, as tests/torture.rs counts it), the emergency
+/// reserve refused threads draw on, plus `extra`.
 fn bound(limit: u64, samples: &Samples, runners: usize, extra: u64) -> u64 {
     let threads = samples.max_threads.max(runners as u64 + SERVICE_THREADS);
-    limit + (threads + 1) * memquota::stats().threshold + extra
+    limit + (threads + 1) * memquota::stats().threshold + memquota::face::emergency_reserve_for(limit) + extra
 }
 
 /// Every sample of the account, and its peak, within `bound`.

@@ -6,7 +6,8 @@
 //!
 //! * the bound: the peak (`stats().native_peak`) and every sample of `stats().native`
 //!   stay at or under `limit + (threads + 1) * threshold` (+ `limit / 16` when
-//!   `refuse_min > 0`, + what the callbacks allocate at once);
+//!   `refuse_min > 0`, + the emergency reserve refused threads draw on, + what the
+//!   callbacks allocate at once);
 //! * exact at quiescence: tracked bytes equal the requested sizes of the live
 //!   allocations, counted by a wrapper around the global allocator;
 //! * `stats().ooms` moved by exactly the refusals the program saw;
@@ -443,7 +444,10 @@ impl PhaseResult {
         let threshold = after.threshold;
         let threads = (plan.workers as u64 + SERVICE_THREADS).max(self.samples.max_threads);
         let allowance = |overcommit: bool| {
-            (threads + 1) * threshold + if overcommit { LIMIT / 16 } else { 0 } + CALLBACK_HOLDS
+            (threads + 1) * threshold
+                + if overcommit { LIMIT / 16 } else { 0 }
+                + memquota::face::emergency_reserve_for(LIMIT)
+                + CALLBACK_HOLDS
         };
         let bound = LIMIT + allowance(plan.refuse_min > 0);
         let peak_bound = LIMIT + allowance(overcommit_allowed);

@@ -31,7 +31,8 @@
 //! cannot loosen while the account stays past it, so native plus heap stays at or
 //! under `limit + error_bound()` for any program, including one that keeps
 //! allocating after refusals (plus the over-commit allowance for requests under
-//! `refuse_min`). The threshold is `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser
+//! `refuse_min`, and the emergency reserve refused threads draw on, `reserve.rs`).
+//! The threshold is `clamp(limit / 4096, 4 KiB, 1 MiB)`: never looser
 //! than ClickHouse's `clamp(tracked / 16, 4 KiB, 4 MiB)` once a process holds a
 //! 256th of its limit.
 //!
@@ -95,22 +96,52 @@ pub(crate) fn this_thread() -> Option<&'static Local> {
 }
 
 /// Starts one of memquota's own service threads, exempt from the policy before its
-/// first allocation. The thread is unnamed for std, whose start-up code otherwise
-/// copies the name on the new thread, an infallible allocation made before `body`
-/// could exempt it: a sampler or reclaim worker that started as the budget filled
-/// aborted the process there. The kernel gets `name` instead (truncated to its 15
-/// bytes), so `top`, `ps` and debuggers still show it.
+/// first allocation. A thread of its own (`pthread_create`), not std's: std's start-up
+/// code allocates on the new thread before the body runs (it copies the thread's name,
+/// and it registers a TLS destructor for the spawn hooks, whose node glibc allocates
+/// and aborts the process if it cannot: "failed to register TLS destructor"), so a
+/// sampler, stats writer or reclaim worker whose thread started after the budget
+/// filled was refused there. The kernel gets `name` (truncated to its 15 bytes), so
+/// `top`, `ps` and debuggers show it. A panic in `body` ends the thread only.
 pub fn spawn_service(name: &str, body: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     let mut kernel_name = [0u8; 16];
     let n = name.len().min(kernel_name.len() - 1);
     kernel_name[..n].copy_from_slice(&name.as_bytes()[..n]);
-    std::thread::Builder::new()
-        .spawn(move || {
-            exempt_this_thread();
-            crate::host::name_this_thread(&kernel_name);
-            body()
-        })
-        .map(drop)
+    let start: Box<dyn FnOnce() + Send> = Box::new(move || {
+        crate::host::name_this_thread(&kernel_name);
+        body()
+    });
+    let arg = Box::into_raw(Box::new(start));
+    let mut thread: libc::pthread_t = 0;
+    // SAFETY: `thread` is a valid out-pointer, null attributes are the defaults, and
+    // `service_main` takes ownership of `arg` (a leaked box of the body) when it runs.
+    let rc = unsafe { libc::pthread_create(&mut thread, std::ptr::null(), service_main, arg.cast()) };
+    if rc != 0 {
+        // SAFETY: no thread was created: the box is still ours, taken back once.
+        drop(unsafe { Box::from_raw(arg) });
+        return Err(std::io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: a thread just created and joined by no one.
+    unsafe { libc::pthread_detach(thread) };
+    Ok(())
+}
+
+/// A service thread's first code: exempt, then the body [`spawn_service`] boxed.
+extern "C" fn service_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // Busy before anything else, so that what the thread's start-up allocates and
+    // frees (the box around its body, std's handle of the thread) goes straight to the
+    // account before the thread registers: a program that checks the count exactly
+    // once the thread is registered (tests/c/sampler.h) sees none of it.
+    if let Some(l) = this_thread() {
+        std::mem::forget(enter(l));
+    }
+    // SAFETY: `arg` is the box `spawn_service` leaked for this thread, taken once.
+    let body: Box<dyn FnOnce() + Send> = *unsafe { Box::from_raw(arg.cast::<Box<dyn FnOnce() + Send>>()) };
+    drop(std::thread::current());
+    exempt_this_thread();
+    // A panic must not unwind out of an `extern "C"` function (an abort).
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    std::ptr::null_mut()
 }
 
 /// Exempts the calling thread from the policy for the rest of its life: its
@@ -125,6 +156,7 @@ fn exempt_this_thread() {
         let registered = face();
         ACCOUNT.add(settle(l, registered));
     }
+    // Busy for good (it may be already: `service_main`).
     std::mem::forget(enter(l));
     ACCOUNT.add(rearm(l, true));
 }
@@ -210,6 +242,10 @@ pub struct Local {
     /// waiters): a fork child's count of waiters starts from the forking thread's.
     /// Read on the slow path only.
     waiting: Cell<u32>,
+    /// The emergency reserve's epoch in which this thread was last refused (0:
+    /// never): it may draw on the reserve while the epoch lasts (`reserve.rs`). Read
+    /// on the slow path only.
+    refused: Cell<u32>,
     /// Bytes a gate in a retry block charged to the thread's scope and the account
     /// for the allocation that follows it ([`prepay_scoped`]).
     prepaid_scoped: Cell<u64>,
@@ -236,6 +272,7 @@ impl Local {
             scope: Cell::new(0),
             retry: Cell::new(0),
             waiting: Cell::new(0),
+            refused: Cell::new(0),
             prepaid_scoped: Cell::new(0),
             lag: Cell::new(0),
             lead: Cell::new(0),
@@ -545,6 +582,16 @@ pub(crate) fn waiting(l: &Local) -> &Cell<u32> {
 /// Sets (or, `None`, clears) the thread's slot in the retry machine.
 pub(crate) fn set_retry_slot(l: &Local, slot: Option<usize>) {
     l.retry.set(slot.map_or(0, |i| i as u32 + 1));
+}
+
+/// The emergency reserve's epoch in which the thread was last refused (0: never).
+pub(crate) fn refused_in(l: &Local) -> u32 {
+    l.refused.get()
+}
+
+/// Records that the thread was refused in the emergency reserve's epoch `epoch`.
+pub(crate) fn set_refused_in(l: &Local, epoch: u32) {
+    l.refused.set(epoch);
 }
 
 /// Attributes `bytes` charged on the slow path to the thread's scope; returns the
