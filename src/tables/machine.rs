@@ -10,7 +10,7 @@
 //! Blocked --a free makes room, highest priority first--> Allocating
 //! Blocked --every task blocked, lowest priority--> RollbackRequested --> RollingBack
 //! RollingBack --its attempt unwound (with_retry)--> Bufn
-//! Bufn --room for what it failed on, nothing of higher priority blocked--> Running
+//! Bufn --room for what it failed on, nothing of higher priority blocked or in Bufn--> Running
 //! Blocked --every task blocked, only one of them short--> SplitRequested
 //! Bufn --every task rolled back--> Running (the highest priority first)
 //! ```
@@ -261,12 +261,20 @@ impl Machine {
     }
 
     /// Whether a rolled-back slot `i` may run its attempt again: there is room for
-    /// what the attempt needed, and no thread of a task at least as old is blocked.
+    /// what the attempt needed, no thread of a task at least as old is blocked, and
+    /// none of an older task waits rolled back. An older one waiting for more room
+    /// than there is goes first (the deadlock rule resumes it when nothing else can
+    /// go on): were the younger to run, it would block behind the older one and be
+    /// rolled back again at once, its attempts spent in a loop that frees nothing.
     pub fn may_resume(&self, i: usize, active: &[Active]) -> bool {
         let me = &self.slots[i];
         let room = active.iter().find(|a| a.task == me.task).map_or(0, |a| a.room);
         me.attempt <= room
-            && !self.used().any(|(j, s)| j != i && s.state == State::Blocked && s.rank <= me.rank)
+            && !self.used().any(|(j, s)| {
+                j != i
+                    && ((s.state == State::Blocked && s.rank <= me.rank)
+                        || (s.state == State::Bufn && s.rank < me.rank))
+            })
     }
 
     /// Counts of threads per state, in the order of [`STATES`].
@@ -417,6 +425,24 @@ mod tests {
         let mut m = machine_with(&[(2, (2, 2), State::Bufn, 10), (3, (3, 3), State::Bufn, 10)]);
         assert_eq!(m.resolve(&active(&[2, 3], 0)), Some(Action::Resume(0)));
         assert_eq!(m.state(0), State::Running);
+    }
+
+    /// Task 1 waits rolled back for more room than there is; task 2, younger and
+    /// rolled back too, would fit. Resumed first, it blocked behind task 1 and was
+    /// rolled back again at once: tests/fuzz_arbitration/ saw a task spend its 500
+    /// rollbacks in 20-200 ms and fail. It waits; when nothing else can go on, the
+    /// older runs again first.
+    #[test]
+    fn a_rolled_back_task_resumes_behind_older_rolled_back_ones() {
+        let mut m = machine_with(&[(1, (1, 1), State::Bufn, 30), (2, (2, 2), State::Bufn, 10)]);
+        let a = active(&[1, 2], 20);
+        assert!(!m.may_resume(1, &a), "the younger waits behind the older");
+        assert!(!m.may_resume(0, &a), "the older has no room yet");
+        assert_eq!(m.resolve(&a), Some(Action::Resume(0)), "the older runs again first");
+        assert!(m.may_resume(1, &a), "then the younger may");
+        // Threads of one task do not wait for each other.
+        let m = machine_with(&[(1, (1, 1), State::Bufn, 30), (1, (1, 1), State::Bufn, 10)]);
+        assert!(m.may_resume(1, &active(&[1], 20)));
     }
 
     #[test]
