@@ -52,6 +52,10 @@ fn main() {
                 "ending_a_scope_wakes_its_thread_waiting_to_retry",
                 ending_a_scope_wakes_its_thread_waiting_to_retry,
             ),
+            (
+                "split_retry_keeps_its_lists_at_the_limit_without_aborting",
+                split_retry_keeps_its_lists_at_the_limit_without_aborting,
+            ),
         ],
         BUDGET,
     );
@@ -226,6 +230,28 @@ fn split_retry_fits_an_input_larger_than_the_limit() {
     assert!(pieces.len() >= 4, "split at least down to quarters");
     assert!(largest.load(SeqCst) < 128 * MIB);
     assert_eq!(memquota::stats().ooms, 0);
+}
+
+/// `with_split_retry` at the limit: its own lists (the pieces to do, the results) are
+/// memquota's bookkeeping, charged but never refused. The account is past the limit
+/// (a reservation grown unchecked, as an engine's pool grows one) and the thread
+/// tight (a request was just refused), so each allocation is admitted alone; the
+/// attempt itself allocates nothing. Before, the list's first allocation was refused
+/// (a split, no memory to wait for) and the process aborted in `handle_alloc_error`
+/// (tests/fuzz_arbitration/ found it: an 8-byte allocation of a piece's result).
+fn split_retry_keeps_its_lists_at_the_limit_without_aborting() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    let holder = mm().begin("pool", 1, 0).unwrap();
+    let mut pool = holder.reserve(MIB).unwrap();
+    pool.grow_unchecked(64 * MIB);
+    assert!(buffer(MIB).is_err(), "the precondition: past the limit, requests are refused");
+    let scope = mm().begin("splitter", 2, 0).unwrap();
+    let rows = with_split_retry(&scope, 0..8u64, |r| vec![r], |rows| Ok(rows.end - rows.start));
+    let past = memquota::stats().native > 64 * MIB;
+    drop(pool);
+    assert!(past, "the precondition: the account stayed past the limit");
+    assert_eq!(rows, Ok(vec![8]), "one piece, completed");
 }
 
 /// One task, 100 MiB outside it: a 200 MiB request fits the pool but never the

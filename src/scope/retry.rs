@@ -383,18 +383,20 @@ pub fn with_split_retry<I, T>(
     mut f: impl FnMut(&I) -> Result<T>,
 ) -> Result<Vec<T>> {
     let block = Block::enter(scope)?;
-    let mut todo = vec![input]; // a stack: the next piece last
+    // Its own lists are charged, never refused: at the limit, where the pieces run,
+    // a refusal of one of their infallible allocations would abort the process.
+    let mut todo = ledger::unpoliced(|| vec![input]); // a stack: the next piece last
     let mut done = Vec::new();
     while let Some(piece) = todo.pop() {
         match block.run(&mut || f(&piece)) {
-            Ok(t) => done.push(t),
+            Ok(t) => ledger::unpoliced(|| done.push(t)),
             Err(Error::SplitAndRetryOom) => {
                 let mut pieces = split(piece);
                 if pieces.len() < 2 {
                     return Err(Error::SplitAndRetryOom);
                 }
                 pieces.reverse();
-                todo.append(&mut pieces);
+                ledger::unpoliced(|| todo.append(&mut pieces));
             }
             Err(e) => return Err(e),
         }
