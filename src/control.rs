@@ -9,15 +9,23 @@ use std::sync::atomic::{AtomicBool, Ordering::*};
 static METRICS_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// Configures the budget, overriding what was read from `MEMQUOTA_*` on first use.
-/// May be called again to change it. Starts the metrics endpoint if the
-/// configuration names an address (once per process).
+/// May be called again to change it, also at the limit (what it allocates itself is
+/// counted, never refused). Starts the metrics endpoint if the configuration names
+/// an address (once per process).
 ///
 /// # Errors
 /// [`Error::BadConfig`](crate::Error::BadConfig) for out-of-range values; nothing is
 /// changed then.
 pub fn init(config: Config) -> Result<()> {
+    // Called again at the limit, its own allocations (the second-budget check's list
+    // of objects, a service thread's start) are charged but never refused: an
+    // infallible one refused would abort the process.
+    ledger::unpoliced(|| configure(&config))
+}
+
+fn configure(config: &Config) -> Result<()> {
     let limit = config.resolve_limit()?;
-    crate::settings::configure(&config, limit);
+    crate::settings::configure(config, limit);
     crate::fork::install();
     // Here rather than only on the service thread, so that a caller of `init` (the
     // preload's constructor) finds jemalloc's decay settled when it returns.

@@ -56,6 +56,7 @@ fn main() {
                 a_fork_from_a_spill_callback_keeps_its_wait_counted,
             ),
             ("a_panicking_report_hook_is_caught_and_counted", a_panicking_report_hook_is_caught_and_counted),
+            ("init_again_at_the_limit_does_not_abort", init_again_at_the_limit_does_not_abort),
         ],
         BUDGET,
     );
@@ -737,4 +738,27 @@ fn a_panicking_report_hook_is_caught_and_counted() {
     assert_eq!(after.ooms - before.ooms, 2);
     assert_eq!(calls, 3, "the report, the summary, the leak notice");
     assert_eq!(after.report_hook_panics - before.report_hook_panics, 3, "each panic counted");
+}
+
+// ---- init again at the limit ----------------------------------------------------------
+
+/// `init` called again while the account is past the limit (a program that configures
+/// again while busy): what it allocates itself (the second-budget check's list of
+/// loaded objects, their names) is memquota's bookkeeping, charged but never refused.
+/// Before, the first of those allocations was refused on a thread made tight by a
+/// refusal, and the process aborted in `handle_alloc_error`
+/// (tests/fuzz_arbitration/ found it, re-configuring in bursts: 67 and 3072 bytes).
+fn init_again_at_the_limit_does_not_abort() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    let holder = mm().begin("pool", 1, 0).unwrap();
+    let mut pool = holder.reserve(MIB).unwrap();
+    pool.grow_unchecked(64 * MIB); // an engine's pool, past the limit on its own figures
+    assert!(try_alloc(MIB).is_none(), "the precondition: past the limit, requests are refused");
+    let again = memquota::init(Config::new().limit(64 * MIB));
+    let past = memquota::stats().native > 64 * MIB;
+    drop(pool);
+    println!("  init again past the limit: {again:?}");
+    assert!(past, "the precondition: the account stayed past the limit");
+    assert!(again.is_ok());
 }
