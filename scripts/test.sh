@@ -36,6 +36,11 @@ cargo build --release
 say "unit, integration and property tests (release: the drift test does 1.2M operations)"
 timeout 1500 cargo test --release --workspace
 
+say "the arbitration fuzzer: random plans of tasks at the limit for ${MEMQUOTA_FUZZ_SECS:-60} s (MEMQUOTA_FUZZ_SECS)"
+# `test = false` in Cargo.toml keeps it out of the workspace run above: it runs once,
+# here, under a timeout of its own. A failing seed prints the command that re-runs it.
+timeout 300 cargo test --release --test fuzz_arbitration
+
 say "the README's main job: the demo runs to its end"
 timeout 120 cargo run --release --example demo >/dev/null
 
