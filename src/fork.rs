@@ -52,6 +52,8 @@ extern "C" fn parent() {
 }
 
 extern "C" fn child() {
+    // The dynamic loader's lock may be held for ever here: `init` looks no more.
+    crate::rendezvous::after_fork_child();
     // SAFETY: the child handler of the fork whose prepare handler took the locks, on
     // the only thread the child has.
     unsafe {

@@ -15,7 +15,7 @@
 //! program's own copy is seen only by itself, which is enough: it sees the others.)
 
 use crate::text::write_stderr;
-use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 
 /// This copy's marker, found by the others with `dlsym`. 0 until a warning has named
 /// this copy; then 1, so that a set of copies is reported once, by whichever looks
@@ -23,11 +23,25 @@ use std::sync::atomic::AtomicU8;
 #[export_name = "memquota_budget"]
 pub static BUDGET: AtomicU8 = AtomicU8::new(0);
 
+/// Set in a `fork` child: it has the parent's objects, which the parent looked
+/// through, and the dynamic loader's lock may be held there for ever by a thread that
+/// did not survive the fork (one walking the list of objects: another `init`, an
+/// unwinding panic, a backtrace), so a look would wait for it.
+static FORK_CHILD: AtomicBool = AtomicBool::new(false);
+
+/// The fork child handler's part: no look from here on.
+pub(crate) fn after_fork_child() {
+    FORK_CHILD.store(true, Relaxed);
+}
+
 /// Looks through every loaded object for another copy's [`BUDGET`] and warns if some
 /// copy involved has not been named in a warning yet. Not for the allocation path:
 /// it calls the dynamic loader, which takes its lock and may allocate (charged as
-/// usual).
+/// usual). Not in a fork child (see [`FORK_CHILD`]).
 pub(crate) fn check() {
+    if FORK_CHILD.load(Relaxed) {
+        return;
+    }
     #[cfg(target_os = "linux")]
     linux::check();
 }

@@ -57,6 +57,10 @@ fn main() {
             ),
             ("a_panicking_report_hook_is_caught_and_counted", a_panicking_report_hook_is_caught_and_counted),
             ("init_again_at_the_limit_does_not_abort", init_again_at_the_limit_does_not_abort),
+            (
+                "init_in_a_fork_child_does_not_walk_the_loaders_list",
+                init_in_a_fork_child_does_not_walk_the_loaders_list,
+            ),
         ],
         BUDGET,
     );
@@ -761,4 +765,54 @@ fn init_again_at_the_limit_does_not_abort() {
     println!("  init again past the limit: {again:?}");
     assert!(past, "the precondition: the account stayed past the limit");
     assert!(again.is_ok());
+}
+
+// ---- init in a fork child, the dynamic loader's lock held -----------------------------
+
+static WALKING: AtomicBool = AtomicBool::new(false);
+static WALK_DONE: AtomicBool = AtomicBool::new(false);
+
+/// A `dl_iterate_phdr` callback that stays inside the loader's walk (its lock held)
+/// until told to stop.
+extern "C" fn stay_in_the_walk(
+    _: *mut libc::dl_phdr_info,
+    _: libc::size_t,
+    _: *mut libc::c_void,
+) -> libc::c_int {
+    WALKING.store(true, SeqCst);
+    while !WALK_DONE.load(SeqCst) {
+        std::thread::yield_now();
+    }
+    1 // stop the walk
+}
+
+/// A fork while another thread walks the dynamic loader's list of objects
+/// (`dl_iterate_phdr`: `init`'s check for a second budget, another thread's `init`,
+/// unwinding and backtraces all walk it): in the child the loader's lock stays held by
+/// a thread that did not survive the fork. `init` in the child must not walk the list
+/// again (the child has the parent's objects, which the parent looked through). Before,
+/// the child's `init` waited for that lock for ever (tests/fuzz_arbitration/ found it:
+/// a fork child's `init` while another thread configured again).
+fn init_in_a_fork_child_does_not_walk_the_loaders_list() {
+    memquota::init(Config::new().limit(64 * MIB)).unwrap();
+    let walker = std::thread::spawn(|| {
+        // SAFETY: a valid callback that touches no argument; no data pointer.
+        unsafe { libc::dl_iterate_phdr(Some(stay_in_the_walk), std::ptr::null_mut()) }
+    });
+    while !WALKING.load(SeqCst) {
+        std::thread::yield_now(); // bounded by the watchdog
+    }
+    // SAFETY: fork has no preconditions; the child only calls init and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = memquota::init(Config::new().limit(64 * MIB)).is_ok();
+        // SAFETY: _exit ends the child without running the parent's destructors.
+        unsafe { libc::_exit(i32::from(!ok)) };
+    }
+    assert!(pid > 0, "fork failed");
+    let status = support::wait_child(pid, Duration::from_secs(5));
+    WALK_DONE.store(true, SeqCst);
+    walker.join().unwrap();
+    println!("  the child's init: {status:?} (None: killed after 5 s)");
+    assert_eq!(status.map(|s| libc::WIFEXITED(s) && libc::WEXITSTATUS(s) == 0), Some(true), "init returned");
 }
