@@ -163,6 +163,14 @@ pub fn fork_and_wait(child: fn() -> i32) -> i32 {
     }
 }
 
+/// In a fork child: the parent's reclaim callback and heap probe go before anything
+/// asks for them. The probe takes the fuzzer's lock, which a thread that did not
+/// survive the fork may have held.
+pub fn forget_parents_callbacks() {
+    memquota::clear_reclaim();
+    memquota::set_heap_probe(HeapProbe::None);
+}
+
 pub fn native() -> u64 {
     memquota::flush_thread();
     memquota::stats().native
@@ -172,7 +180,7 @@ pub fn native() -> u64 {
 /// retry block and a budget in a scope of its own, ends it, and is back where it
 /// started. 0, or the code of the first check that failed.
 pub fn child_full() -> i32 {
-    memquota::clear_reclaim();
+    forget_parents_callbacks();
     let base = native();
     if memquota::init(Config::new().limit(base + 128 * MIB).untracked(Untracked::Report)).is_err() {
         return 10;
@@ -210,7 +218,7 @@ pub fn child_full() -> i32 {
 /// allocates and ends (the thread's own scope may be past its share: the parent's
 /// scopes are all there).
 pub fn child_light() -> i32 {
-    memquota::clear_reclaim();
+    forget_parents_callbacks();
     let base = native();
     if memquota::init(Config::new().limit(base + 128 * MIB).untracked(Untracked::Report)).is_err() {
         return 30;

@@ -226,6 +226,7 @@ pub fn run_plan(s: &Session, plan: &Plan, known: Known) -> PlanResult {
         + if overcommit { s.limit / 16 } else { 0 }
         + nworkers * CALLBACK_HOLDS
         + pool_grow
+        + emergency_reserve(s.limit)
         + MISC;
     PlanResult {
         outs,
