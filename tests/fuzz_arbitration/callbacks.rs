@@ -240,6 +240,8 @@ pub fn fork_from_callback() {
     if pid == 0 {
         IN_CHILD.store(true, SeqCst);
         CHILD_PENDING.store(true, SeqCst);
+        // Before the request it returns into asks for the heap figure.
+        forget_parents_callbacks();
         return;
     }
     CALLBACK_FORKS.fetch_add(1, SeqCst);
