@@ -12,7 +12,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
-use support::{buffer, MIB};
+use support::{buffer, KIB, MIB};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();
@@ -55,6 +55,10 @@ fn main() {
             (
                 "split_retry_keeps_its_lists_at_the_limit_without_aborting",
                 split_retry_keeps_its_lists_at_the_limit_without_aborting,
+            ),
+            (
+                "a_request_over_its_cap_splits_at_once_and_rolls_no_one_back",
+                a_request_over_its_cap_splits_at_once_and_rolls_no_one_back,
             ),
         ],
         BUDGET,
@@ -252,6 +256,71 @@ fn split_retry_keeps_its_lists_at_the_limit_without_aborting() {
     drop(pool);
     assert!(past, "the precondition: the account stayed past the limit");
     assert_eq!(rows, Ok(vec![8]), "one piece, completed");
+}
+
+/// A request in a retry block larger than its own scope's cap can never fit: it splits
+/// at once, as one larger than the pool, and never blocks. Blocked, it counted as a
+/// task short that rolling others back could help: a younger task holding 8 MiB
+/// outside its attempt was rolled back again and again, its `with_split_retry` calls
+/// giving up after 500 rollbacks in tens of milliseconds each (19 of 29 in 0.6 s;
+/// tests/fuzz_arbitration/ found it).
+fn a_request_over_its_cap_splits_at_once_and_rolls_no_one_back() {
+    memquota::init(Config::new().limit(48 * MIB).refuse_min(64 * KIB)).unwrap();
+    memquota::set_report_hook(support::counting_hook);
+    mm().set_wait(Duration::from_millis(200));
+    mm().set_retry_wait(Duration::from_secs(2));
+    let capped = mm().begin("capped", 1, 0).unwrap();
+    capped.set_cap(Some(13 * MIB));
+    let waits = memquota::stats().retry.waits;
+    let alone = with_retry(&capped, || capped.reserve(14 * MIB).map(drop));
+    let waited = memquota::stats().retry.waits - waits;
+    // The same request again and again, beside a younger task that splits its rows.
+    let before = memquota::stats().retry;
+    let stop = AtomicBool::new(false);
+    let (calls, gave_up) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(SeqCst) {
+                let _ = with_retry(&capped, || capped.reserve(14 * MIB).map(drop));
+            }
+        });
+        let splitter = mm().begin("splitter", 2, 0).unwrap();
+        let held = {
+            let _attached = splitter.attach().unwrap();
+            buffer(8 * MIB).unwrap()
+        };
+        let (mut calls, mut gave_up) = (0, 0);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(600) {
+            let r = with_split_retry(
+                &splitter,
+                0..11u64,
+                |r| {
+                    let m = r.start + (r.end - r.start) / 2;
+                    if r.end - r.start < 2 {
+                        vec![]
+                    } else {
+                        vec![r.start..m, m..r.end]
+                    }
+                },
+                |rows| buffer((rows.end - rows.start) * 1536 * KIB).map(|_| rows.clone()),
+            );
+            calls += 1;
+            gave_up += u64::from(r == Err(Error::RetryOom));
+        }
+        stop.store(true, SeqCst);
+        drop(held);
+        (calls, gave_up)
+    });
+    let s = memquota::stats().retry;
+    support::say(format_args!(
+        "alone: {alone:?} after {waited} waits; beside it: {gave_up} of {calls} split-retry calls gave up; \
+         machine rollbacks {}, past MAX_RETRIES {}\n",
+        s.rollbacks - before.rollbacks,
+        s.retry_limit - before.retry_limit
+    ));
+    assert_eq!(alone, Err(Error::SplitAndRetryOom));
+    assert_eq!(waited, 0, "over its cap: split at once, never blocked");
+    assert_eq!((gave_up, s.retry_limit - before.retry_limit), (0, 0), "no one rolled back past MAX_RETRIES");
 }
 
 /// One task, 100 MiB outside it: a 200 MiB request fits the pool but never the

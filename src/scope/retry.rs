@@ -151,14 +151,16 @@ fn resolve(mut m: std::sync::MutexGuard<'_, Machine>, tasks: &Tasks) -> bool {
 /// with no lock held; `first` for the request's first wait (what the stats count).
 pub(crate) fn block(l: &Local, task: u64, need: u64, first: bool) -> Verdict {
     let Some(i) = ledger::retry_slot(l) else { return Verdict::TimedOut };
-    // A request larger than the whole pool can never fit: it splits at once.
-    let (pool, held) = {
+    // A request larger than the whole pool, or than its scope's cap, can never fit:
+    // it splits at once. Blocked, it would count as a task short that rolling others
+    // back could help, and the youngest would be rolled back again and again.
+    let (pool, held, cap) = {
         let p = POOL.lock();
-        let held = p.scope(task).map_or(0, |s| s.held);
-        (p.share().pool, held)
+        let s = p.scope(task);
+        (p.share().pool, s.map_or(0, |s| s.held), s.map_or(i64::MAX, |s| s.cap))
     };
     let (pool, held) = (u64::try_from(pool).unwrap_or(0), u64::try_from(held).unwrap_or(0));
-    if need > pool {
+    if need > pool || need > u64::try_from(cap).unwrap_or(0) {
         let mut m = machine();
         m.totals.splits += 1;
         m.set_last(i, Some(Rollback::Split));
