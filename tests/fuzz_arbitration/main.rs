@@ -230,9 +230,9 @@ pub fn emergency_reserve(limit: u64) -> u64 {
 pub const OWNED_MIN: usize = 2 << 20;
 
 /// Defects the fuzzer reaches with plans or checks of their own: four issue 30 names
-/// (its items 4 and 5), fixed and so on by default ([`FIXED`]), and two found here,
-/// not fixed yet, off unless named in `MEMQUOTA_FUZZ_KNOWN` (or `all`); list them in
-/// [`FIXED`] once their fixes merge.
+/// (its items 4 and 5) and one found here, fixed and so on by default ([`FIXED`]), and
+/// one found here and not fixed yet, off unless named in `MEMQUOTA_FUZZ_KNOWN` (or
+/// `all`); list it in [`FIXED`] once its fix merges.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Known {
     /// 4: a heap probe that takes a user lock, while a thread holding that lock
@@ -253,15 +253,15 @@ pub struct Known {
     /// scope, fails with `TooManyScopes`. Off: that error from a budget is counted
     /// as seen, not failed.
     budget_slots: bool,
-    /// New (found here): a retry block whose rollbacks cannot free what an older task
-    /// waits for gives up after `MAX_RETRIES` rollbacks in well under a second (the
-    /// older task short of its own cap; the younger holding memory outside its
-    /// attempt, or in an outer block of a nested one). Off: counted as seen.
+    /// Found here, fixed: a retry block whose rollbacks could not free what an older
+    /// task waited for gave up after `MAX_RETRIES` rollbacks in well under a second
+    /// (a younger task resumed ahead of an older one rolled back; an older task
+    /// short of its own cap). Off: counted as seen.
     retry_loops: bool,
 }
 
 /// The known defects whose fixes have merged: on by default.
-pub const FIXED: &[&str] = &["probe_lock", "hook_panic", "end_wake", "fork_race"];
+pub const FIXED: &[&str] = &["probe_lock", "hook_panic", "end_wake", "fork_race", "retry_loops"];
 pub const KNOWN_NAMES: [&str; 6] =
     ["probe_lock", "hook_panic", "end_wake", "fork_race", "budget_slots", "retry_loops"];
 

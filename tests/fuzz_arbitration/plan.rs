@@ -100,8 +100,8 @@ pub enum Step {
     Cache { kib: u32 },
     /// `fork`, attached to the scope or under a budget; the child checks and exits.
     Fork { under_budget: bool },
-    /// `memquota::init` again, 64 times, at the limit (and, for known `fork_race`,
-    /// while others fork).
+    /// `memquota::init` again, 64 times, at the limit (and, in plans with forks,
+    /// while others fork: the child's `init` must return).
     Reinit,
     /// Holds the heap probe's lock while entering and leaving a retry block (known
     /// `probe_lock`).
@@ -193,13 +193,13 @@ pub fn kib_between(rng: &mut Rng, lo: u64, hi: u64) -> u32 {
 
 impl Plan {
     pub fn generate(s: &Session, index: usize, known: Known) -> Plan {
+        // Every draw is made whatever the known defects reached: a seed's plan is the
+        // same with them on or off, but for their own parts (a minimisation's indices
+        // stay valid).
         let mut rng = Rng(mix(s.seed.wrapping_mul(1_000_003).wrapping_add(index as u64)));
         let l = s.limit;
-        let forks = rng.below(3) == 0 || known.fork_race;
-        let probe_lock = known.probe_lock && rng.below(3) == 0;
-        // Configuring again at the limit; while others fork only when that known
-        // defect is being reached (a fork inside `configure` leaves a child that spins).
-        let reinit = if known.fork_race { forks } else { !forks };
+        let forks = rng.below(3) == 0;
+        let probe_lock = rng.below(3) == 0 && known.probe_lock;
         let ntasks = 1 + rng.below(5) as usize;
         let mut workers = 0;
         let mut tasks = Vec::new();
@@ -209,7 +209,7 @@ impl Plan {
             let threads = (0..nthreads)
                 .map(|_| {
                     let n = 3 + rng.below(8);
-                    (0..n).map(|_| step(&mut rng, l, forks, reinit, probe_lock)).collect()
+                    (0..n).map(|_| step(&mut rng, l, forks, probe_lock)).collect()
                 })
                 .collect();
             tasks.push(TaskPlan {
@@ -222,7 +222,7 @@ impl Plan {
                     reserve_inside: rng.below(3) == 0,
                     // A fork child that goes on from a callback may wait in the
                     // machine for vanished threads: short waits only.
-                    fork_inside: known.fork_race && s.short_waits && rng.below(3) == 0,
+                    fork_inside: rng.below(3) == 0 && known.fork_race && s.short_waits,
                 },
                 threads,
             });
@@ -242,7 +242,7 @@ impl Plan {
             index,
             outside_kib: if rng.below(3) == 0 { 0 } else { (l * rng.below(8) / 16 / KIB) as u32 },
             reclaim: coin(&mut rng),
-            hook_panics: known.hook_panic && rng.below(3) == 0,
+            hook_panics: rng.below(3) == 0 && known.hook_panic,
             probe_lock,
             killer,
             millis: 200 + rng.below(1000) as u32,
@@ -297,8 +297,9 @@ impl Plan {
     }
 }
 
-pub fn step(rng: &mut Rng, l: u64, forks: bool, reinit: bool, probe_lock: bool) -> Step {
-    if probe_lock && rng.below(6) == 0 {
+pub fn step(rng: &mut Rng, l: u64, forks: bool, probe_lock: bool) -> Step {
+    let locked = rng.below(6) == 0;
+    if probe_lock && locked {
         return Step::ProbeLocked;
     }
     loop {
@@ -331,7 +332,7 @@ pub fn step(rng: &mut Rng, l: u64, forks: bool, reinit: bool, probe_lock: bool) 
             75..=82 => Step::Pool { rounds: 4 + rng.below(28) as u8, kib: kib_between(rng, l / 256, l / 16) },
             83..=90 => Step::Cache { kib: kib_between(rng, l / 64, l / 8) },
             91..=94 if forks => Step::Fork { under_budget: coin(rng) },
-            95..=97 if reinit => Step::Reinit,
+            95..=97 => Step::Reinit,
             _ => continue,
         };
     }
