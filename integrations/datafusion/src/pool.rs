@@ -52,8 +52,9 @@ pub struct MemquotaPool {
     margin: Margin,
     consumers: Mutex<HashMap<usize, Tracked>>,
     refusals: AtomicU64,
-    /// Refusals of consumers that cannot spill, by the raw handle of their query's
-    /// scope, for `collect_query` to tell a plan that cannot fit from one that spills.
+    /// Refusals that spilling cannot answer (a consumer that cannot spill, or a spiller
+    /// holding nothing), by the raw handle of their query's scope, for `collect_query`
+    /// to tell a plan that cannot fit from one that spills.
     unspillable: Mutex<HashMap<u64, u64>>,
     retries: AtomicU64,
 }
@@ -111,7 +112,7 @@ impl MemquotaPool {
         self.retries.fetch_add(1, Relaxed);
     }
 
-    /// Refusals of consumers that cannot spill in `scope` since the last call.
+    /// Refusals in `scope` that spilling could not answer, since the last call.
     pub(crate) fn take_unspillable_refusals(&self, scope: ScopeHandle) -> u64 {
         self.unspillable_table().remove(&scope.as_raw()).unwrap_or(0)
     }
@@ -256,7 +257,9 @@ impl MemoryPool for MemquotaPool {
                     peak: t.peak,
                 }));
                 drop(table);
-                if let (false, Some(scope)) = (request.can_spill, scope) {
+                // A spiller holding nothing has nothing to spill: its refusal fails
+                // its operator as an unspillable one's does.
+                if let (true, Some(scope)) = (!request.can_spill || request.held_by_reservation == 0, scope) {
                     self.note_unspillable_refusal(scope);
                 }
                 Err(DataFusionError::ResourcesExhausted(exhausted::message(

@@ -3,7 +3,8 @@
 //! (a hash join's build side above all); when [`MemquotaPool`] refuses one of them,
 //! spilling cannot make room and the query fails. [`collect_query`] then runs it again
 //! from its logical plan with a more frugal physical plan: sort-merge joins, which
-//! spill, then also more partitions, which make every sort smaller. The hash join
+//! spill, then also smaller batches and merge reservations, so that every sort and
+//! merge holds less. The hash join
 //! stays the plan wherever it fits: it is tried first, and it is faster.
 
 use crate::pool::MemquotaPool;
@@ -41,22 +42,28 @@ struct Rung {
     config: SessionConfig,
 }
 
+/// What the most frugal plan's sorts reserve for their merges, and its batch size:
+/// measured on TPC-H at 128 MiB (docs/datafusion.md), DataFusion's 10 MiB per sort and
+/// 8192 rows a batch leave too little for the sorts of a plan of sort-merge joins.
+const FRUGAL_SORT_RESERVATION: usize = 2 << 20;
+const FRUGAL_BATCH: usize = 2048;
+
 /// The plans, from the one asked for to the most frugal: sort-merge joins (which
-/// spill, where a hash join's build side cannot), then also four times the
-/// partitions (every sort and merge holds less).
+/// spill, where a hash join's build side cannot), then also smaller merge reservations
+/// and batches (each sort and each merge of spill files holds less).
 fn rungs(config: &SessionConfig) -> Vec<Rung> {
     let mut out = vec![Rung { what: String::new(), config: config.clone() }];
-    let mut sort_merge = config.clone();
-    if sort_merge.options().optimizer.prefer_hash_join {
-        sort_merge.options_mut().optimizer.prefer_hash_join = false;
-        out.push(Rung { what: "sort-merge joins".into(), config: sort_merge.clone() });
+    let mut frugal = config.clone();
+    if frugal.options().optimizer.prefer_hash_join {
+        frugal.options_mut().optimizer.prefer_hash_join = false;
+        out.push(Rung { what: "sort-merge joins".into(), config: frugal.clone() });
     }
-    let partitions = sort_merge.target_partitions().saturating_mul(4);
-    out.push(Rung {
-        // Short: memquota keeps 48 bytes of a scope's name.
-        what: format!("sort-merge, {partitions} partitions"),
-        config: sort_merge.with_target_partitions(partitions),
-    });
+    let reservation = frugal.options().execution.sort_spill_reservation_bytes.min(FRUGAL_SORT_RESERVATION);
+    frugal.options_mut().execution.sort_spill_reservation_bytes = reservation;
+    let batch = frugal.batch_size().min(FRUGAL_BATCH);
+    let frugal = frugal.with_batch_size(batch);
+    // Short: memquota keeps 48 bytes of a scope's name.
+    out.push(Rung { what: "sort-merge, small batches".into(), config: frugal });
     out.truncate(MAX_RETRIES + 1);
     out
 }
@@ -77,7 +84,8 @@ async fn attempt(state: &SessionState, plan: &LogicalPlan) -> Result<(Vec<Record
 /// [`run_query`](crate::run_query) does) and collects its result; when the run fails
 /// because [`MemquotaPool`] refused an operator that cannot spill (`HashJoinInput`:
 /// a hash join's build side), plans the query again from its logical plan with sort-merge
-/// joins, then also with four times the target partitions, and runs it again, at most
+/// joins, then also with smaller batches (2048 rows) and merge reservations (2 MiB a
+/// sort), and runs it again, at most
 /// [`MAX_RETRIES`] times. Each run is a scope of its own; a retry's is named
 /// `"{name} (retry N: sort-merge joins)"` (memquota keeps its first 48 bytes), so memquota's report says which plan ran, and
 /// the pool counts it ([`MemquotaPool::retries`]).
@@ -131,33 +139,36 @@ fn exhausted(e: &DataFusionError) -> bool {
 mod tests {
     use super::*;
 
-    fn plans(config: &SessionConfig) -> Vec<(String, bool, usize)> {
+    fn plans(config: &SessionConfig) -> Vec<(String, bool, usize, usize)> {
         rungs(config)
             .into_iter()
-            .map(|r| (r.what, r.config.options().optimizer.prefer_hash_join, r.config.target_partitions()))
+            .map(|r| {
+                let o = r.config.options();
+                (r.what, o.optimizer.prefer_hash_join, r.config.batch_size(), o.execution.sort_spill_reservation_bytes)
+            })
             .collect()
     }
 
     #[test]
-    fn the_hash_join_first_then_sort_merge_then_more_partitions() {
-        let config = SessionConfig::new().with_target_partitions(2);
+    fn the_hash_join_first_then_sort_merge_then_smaller_batches() {
+        let config = SessionConfig::new();
         assert_eq!(
             plans(&config),
             [
-                (String::new(), true, 2),
-                ("sort-merge joins".to_owned(), false, 2),
-                ("sort-merge, 8 partitions".to_owned(), false, 8)
+                (String::new(), true, 8192, 10 << 20),
+                ("sort-merge joins".to_owned(), false, 8192, 10 << 20),
+                ("sort-merge, small batches".to_owned(), false, 2048, 2 << 20)
             ]
         );
     }
 
     #[test]
-    fn a_session_without_hash_joins_only_gets_more_partitions() {
-        let mut config = SessionConfig::new().with_target_partitions(3);
+    fn a_session_without_hash_joins_only_gets_smaller_batches() {
+        let mut config = SessionConfig::new().with_batch_size(1024);
         config.options_mut().optimizer.prefer_hash_join = false;
         assert_eq!(
             plans(&config),
-            [(String::new(), false, 3), ("sort-merge, 12 partitions".to_owned(), false, 12)]
+            [(String::new(), false, 1024, 10 << 20), ("sort-merge, small batches".to_owned(), false, 1024, 2 << 20)]
         );
     }
 }
