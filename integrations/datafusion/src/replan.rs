@@ -74,7 +74,10 @@ fn memquota_pool(state: &SessionState) -> Option<&MemquotaPool> {
     pool.downcast_ref::<MemquotaPool>()
 }
 
-async fn attempt(state: &SessionState, plan: &LogicalPlan) -> Result<(Vec<RecordBatch>, Arc<dyn ExecutionPlan>)> {
+async fn attempt(
+    state: &SessionState,
+    plan: &LogicalPlan,
+) -> Result<(Vec<RecordBatch>, Arc<dyn ExecutionPlan>)> {
     let physical = state.create_physical_plan(plan).await?;
     let batches = collect(Arc::clone(&physical), Arc::new(TaskContext::from(state))).await?;
     Ok((batches, physical))
@@ -106,7 +109,9 @@ pub async fn collect_query(name: &str, df: DataFrame) -> Result<Collected> {
         let rung = &rungs[i];
         let state = match i {
             0 => state.clone(),
-            _ => SessionStateBuilder::new_from_existing(state.clone()).with_config(rung.config.clone()).build(),
+            _ => {
+                SessionStateBuilder::new_from_existing(state.clone()).with_config(rung.config.clone()).build()
+            }
         };
         let scope = QueryScope::begin(&match i {
             0 => name.to_owned(),
@@ -144,7 +149,12 @@ mod tests {
             .into_iter()
             .map(|r| {
                 let o = r.config.options();
-                (r.what, o.optimizer.prefer_hash_join, r.config.batch_size(), o.execution.sort_spill_reservation_bytes)
+                (
+                    r.what,
+                    o.optimizer.prefer_hash_join,
+                    r.config.batch_size(),
+                    o.execution.sort_spill_reservation_bytes,
+                )
             })
             .collect()
     }
@@ -168,7 +178,10 @@ mod tests {
         config.options_mut().optimizer.prefer_hash_join = false;
         assert_eq!(
             plans(&config),
-            [(String::new(), false, 1024, 10 << 20), ("sort-merge, small batches".to_owned(), false, 1024, 2 << 20)]
+            [
+                (String::new(), false, 1024, 10 << 20),
+                ("sort-merge, small batches".to_owned(), false, 1024, 2 << 20)
+            ]
         );
     }
 }

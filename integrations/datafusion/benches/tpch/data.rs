@@ -29,11 +29,13 @@ use tpchgen::generators::{
 };
 use tpchgen::text::TextPool;
 use tpchgen_arrow::{
-    CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow, SupplierArrow,
+    CustomerArrow, LineItemArrow, NationArrow, OrderArrow, PartArrow, PartSuppArrow, RegionArrow,
+    SupplierArrow,
 };
 
 /// The eight tables.
-pub const TABLES: [&str; 8] = ["lineitem", "orders", "customer", "part", "partsupp", "supplier", "nation", "region"];
+pub const TABLES: [&str; 8] =
+    ["lineitem", "orders", "customer", "part", "partsupp", "supplier", "nation", "region"];
 
 /// Rows per generated batch: DataFusion's default batch size.
 const BATCH: usize = 8192;
@@ -80,33 +82,42 @@ impl Generated {
         let (d, t) = (Distributions::static_default(), text_pool());
         match self.table {
             "lineitem" => Box::new(
-                LineItemArrow::new(LineItemGenerator::new_with_distributions_and_text_pool(sf, part, parts, d, t))
-                    .with_batch_size(BATCH),
+                LineItemArrow::new(LineItemGenerator::new_with_distributions_and_text_pool(
+                    sf, part, parts, d, t,
+                ))
+                .with_batch_size(BATCH),
             ),
             "orders" => Box::new(
                 OrderArrow::new(OrderGenerator::new_with_distributions_and_text_pool(sf, part, parts, d, t))
                     .with_batch_size(BATCH),
             ),
             "customer" => Box::new(
-                CustomerArrow::new(CustomerGenerator::new_with_distributions_and_text_pool(sf, part, parts, d, t))
-                    .with_batch_size(BATCH),
+                CustomerArrow::new(CustomerGenerator::new_with_distributions_and_text_pool(
+                    sf, part, parts, d, t,
+                ))
+                .with_batch_size(BATCH),
             ),
             "part" => Box::new(
                 PartArrow::new(PartGenerator::new_with_distributions_and_text_pool(sf, part, parts, d, t))
                     .with_batch_size(BATCH),
             ),
             "partsupp" => Box::new(
-                PartSuppArrow::new(PartSuppGenerator::new_with_text_pool(sf, part, parts, t)).with_batch_size(BATCH),
-            ),
-            "supplier" => Box::new(
-                SupplierArrow::new(SupplierGenerator::new_with_distributions_and_text_pool(sf, part, parts, d, t))
+                PartSuppArrow::new(PartSuppGenerator::new_with_text_pool(sf, part, parts, t))
                     .with_batch_size(BATCH),
             ),
+            "supplier" => Box::new(
+                SupplierArrow::new(SupplierGenerator::new_with_distributions_and_text_pool(
+                    sf, part, parts, d, t,
+                ))
+                .with_batch_size(BATCH),
+            ),
             "nation" => Box::new(
-                NationArrow::new(NationGenerator::new_with_distributions_and_text_pool(d, t)).with_batch_size(BATCH),
+                NationArrow::new(NationGenerator::new_with_distributions_and_text_pool(d, t))
+                    .with_batch_size(BATCH),
             ),
             "region" => Box::new(
-                RegionArrow::new(RegionGenerator::new_with_distributions_and_text_pool(d, t)).with_batch_size(BATCH),
+                RegionArrow::new(RegionGenerator::new_with_distributions_and_text_pool(d, t))
+                    .with_batch_size(BATCH),
             ),
             other => panic!("no TPC-H table {other}"),
         }
@@ -131,7 +142,8 @@ pub fn table(table: &'static str, scale: f64, partitions: usize) -> Result<Arc<S
     let parts = if matches!(table, "nation" | "region") { 1 } else { partitions.max(1) as i32 };
     let streams = (1..=parts)
         .map(|part| {
-            Arc::new(Generated { table, scale, part, parts, schema: Arc::clone(&schema) }) as Arc<dyn PartitionStream>
+            Arc::new(Generated { table, scale, part, parts, schema: Arc::clone(&schema) })
+                as Arc<dyn PartitionStream>
         })
         .collect();
     Ok(Arc::new(StreamingTable::try_new(schema, streams)?))

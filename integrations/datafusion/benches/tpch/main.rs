@@ -290,11 +290,15 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
             }
             "--queries" => o.queries = query_list(&value()?)?,
             "--sf" => o.scale = value()?.parse().ok().filter(|&s: &f64| s > 0.0).ok_or("bad --sf")?,
-            "--partitions" => o.partitions = value()?.parse::<usize>().ok().filter(|&n| n > 0).ok_or("bad --partitions")?,
+            "--partitions" => {
+                o.partitions = value()?.parse::<usize>().ok().filter(|&n| n > 0).ok_or("bad --partitions")?
+            }
             "--timeout" => o.timeout = Duration::from_secs(value()?.parse().map_err(|_| "bad --timeout")?),
             "--svg" => o.svg = Some(value()?),
             "--margin" => {
-                o.margin = Some(value()?.parse::<f64>().ok().filter(|m| (0.0..0.9).contains(m)).ok_or("bad --margin")?)
+                o.margin = Some(
+                    value()?.parse::<f64>().ok().filter(|m| (0.0..0.9).contains(m)).ok_or("bad --margin")?,
+                )
             }
             // cargo bench passes --bench to the binary.
             "--bench" => {}

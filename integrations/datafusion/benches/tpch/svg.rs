@@ -26,14 +26,14 @@ pub fn plot(title: &str, x_label: &str, of: usize, series: &[(String, Vec<(f64, 
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(s, r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{title}</text>"#, LEFT + pw / 2.0);
-    // Axes, the y grid every few queries, a tick at each limit.
     let _ = writeln!(
         s,
-        r#"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="black"/>"#,
-        TOP + ph,
-        LEFT + pw
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{title}</text>"#,
+        LEFT + pw / 2.0
     );
+    // Axes, the y grid every few queries, a tick at each limit.
+    let _ =
+        writeln!(s, r#"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="black"/>"#, TOP + ph, LEFT + pw);
     let step = if of > 10 { 2 } else { 1 };
     for y in (0..=of).step_by(step) {
         let _ = writeln!(
@@ -49,14 +49,14 @@ pub fn plot(title: &str, x_label: &str, of: usize, series: &[(String, Vec<(f64, 
     ticks.sort_by(f64::total_cmp);
     ticks.dedup();
     for x in ticks {
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#,
-            px(x),
-            TOP + ph + 18.0
-        );
+        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{x}</text>"#, px(x), TOP + ph + 18.0);
     }
-    let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{x_label}</text>"#, LEFT + pw / 2.0, H - 10.0);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{x_label}</text>"#,
+        LEFT + pw / 2.0,
+        H - 10.0
+    );
     for (i, (name, points)) in series.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
         // Lines of equal counts would hide each other: each is nudged a little.
