@@ -4,8 +4,8 @@
 //! spilling cannot make room and the query fails. [`collect_query`] then runs it again
 //! from its logical plan with a more frugal physical plan: sort-merge joins, which
 //! spill, then also smaller batches and merge reservations, so that every sort and
-//! merge holds less. The hash join
-//! stays the plan wherever it fits: it is tried first, and it is faster.
+//! merge holds less. The hash join stays the plan wherever it fits: it is tried first,
+//! and it is faster.
 
 use crate::pool::MemquotaPool;
 use crate::query::QueryScope;
@@ -31,8 +31,8 @@ pub struct Collected {
     pub batches: Vec<RecordBatch>,
     /// The physical plan of the run that completed.
     pub plan: Arc<dyn ExecutionPlan>,
-    /// Runs that failed because an operator that cannot spill was refused, each
-    /// followed by a run with a more frugal plan.
+    /// Runs that failed on a refusal no spill could answer, each followed by a run
+    /// with a more frugal plan.
     pub retries: u64,
 }
 
@@ -43,8 +43,9 @@ struct Rung {
 }
 
 /// What the most frugal plan's sorts reserve for their merges, and its batch size:
-/// measured on TPC-H at 128 MiB (docs/datafusion.md), DataFusion's 10 MiB per sort and
-/// 8192 rows a batch leave too little for the sorts of a plan of sort-merge joins.
+/// DataFusion's 10 MiB per sort and 8192 rows a batch leave too little for the sorts
+/// of a plan of sort-merge joins (TPC-H queries 10 and 18 at 128 MiB fail in them;
+/// with these, they complete: docs/benchmarks.md).
 const FRUGAL_SORT_RESERVATION: usize = 2 << 20;
 const FRUGAL_BATCH: usize = 2048;
 
@@ -84,14 +85,15 @@ async fn attempt(
 }
 
 /// Runs the query `df` to its end as a memquota scope named `name` (as
-/// [`run_query`](crate::run_query) does) and collects its result; when the run fails
-/// because [`MemquotaPool`] refused an operator that cannot spill (`HashJoinInput`:
-/// a hash join's build side), plans the query again from its logical plan with sort-merge
-/// joins, then also with smaller batches (2048 rows) and merge reservations (2 MiB a
-/// sort), and runs it again, at most
-/// [`MAX_RETRIES`] times. Each run is a scope of its own; a retry's is named
-/// `"{name} (retry N: sort-merge joins)"` (memquota keeps its first 48 bytes), so memquota's report says which plan ran, and
-/// the pool counts it ([`MemquotaPool::retries`]).
+/// [`run_query`](crate::run_query) does) and collects its result. When the run fails
+/// because [`MemquotaPool`] refused a request no spill could answer (an operator that
+/// cannot spill, such as `HashJoinInput`, a hash join's build side, or a spiller
+/// holding nothing), plans the query again from its logical plan with sort-merge joins,
+/// then also with smaller batches (2048 rows) and merge reservations (2 MiB a sort),
+/// and runs it again: at most [`MAX_RETRIES`] times. Each run is a scope of its own; a
+/// retry's is named `"{name} (retry N: sort-merge joins)"` (memquota keeps its first 48
+/// bytes), so memquota's report says which plan ran, and the pool counts it
+/// ([`MemquotaPool::retries`]).
 ///
 /// Without a [`MemquotaPool`] as the runtime's pool (or with one wrapped in another
 /// pool), the query runs once.
