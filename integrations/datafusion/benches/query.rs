@@ -14,69 +14,17 @@
 #[path = "../examples/query/workload.rs"]
 mod workload;
 
-use memquota::{Jemalloc, QuotaAlloc};
+#[path = "shared/either.rs"]
+mod either;
+
 use memquota_datafusion::datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
 use memquota_datafusion::{run_query, MemquotaPool};
-use std::alloc::{GlobalAlloc, Layout};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-/// The allocator of this process: memquota's, or plain jemalloc for the baseline.
-/// Chosen once, first thing in `main`, before any other thread exists; both are the
-/// same jemalloc underneath, so a block allocated by one before the switch may be
-/// freed by the other.
-struct Either;
-
-static QUOTA: QuotaAlloc = QuotaAlloc::new();
-static PLAIN: AtomicBool = AtomicBool::new(false);
-
-// SAFETY: every call forwards to one of two `GlobalAlloc`s over the same jemalloc,
-// with the caller's arguments and contract unchanged.
-unsafe impl GlobalAlloc for Either {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if PLAIN.load(Relaxed) {
-            // SAFETY: forwarded contract.
-            unsafe { Jemalloc.alloc(layout) }
-        } else {
-            // SAFETY: forwarded contract.
-            unsafe { QUOTA.alloc(layout) }
-        }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if PLAIN.load(Relaxed) {
-            // SAFETY: forwarded contract.
-            unsafe { Jemalloc.alloc_zeroed(layout) }
-        } else {
-            // SAFETY: forwarded contract.
-            unsafe { QUOTA.alloc_zeroed(layout) }
-        }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if PLAIN.load(Relaxed) {
-            // SAFETY: forwarded contract; the same jemalloc allocated `ptr`.
-            unsafe { Jemalloc.dealloc(ptr, layout) }
-        } else {
-            // SAFETY: forwarded contract; the same jemalloc allocated `ptr`.
-            unsafe { QUOTA.dealloc(ptr, layout) }
-        }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if PLAIN.load(Relaxed) {
-            // SAFETY: forwarded contract; the same jemalloc allocated `ptr`.
-            unsafe { Jemalloc.realloc(ptr, layout, new_size) }
-        } else {
-            // SAFETY: forwarded contract; the same jemalloc allocated `ptr`.
-            unsafe { QUOTA.realloc(ptr, layout, new_size) }
-        }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Either = Either;
+static GLOBAL: either::Either = either::Either;
 
 const MIB: u64 = 1 << 20;
 const LIMITS: [u64; 3] = [64, 128, 256];
@@ -166,7 +114,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--child") {
         let pool = args[i + 1].clone();
-        PLAIN.store(pool == "fair", Relaxed);
+        either::PLAIN.store(pool == "fair", Relaxed);
         let limit: u64 = args[i + 2].parse().expect("a limit in MiB");
         if let Err(e) = child(&pool, limit) {
             eprintln!("{pool} at {limit} MiB failed: {e}");

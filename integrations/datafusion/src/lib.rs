@@ -33,6 +33,9 @@
 //! * [`run_query`], [`QueryScope`]: a query as a memquota scope, attached on every poll
 //!   of its future and of each task DataFusion spawns for it ([`ScopeTracer`]), so the
 //!   work is charged to its query whichever tokio worker runs it.
+//! * [`collect_query`]: a query run as [`run_query`] does, and run again with a more
+//!   frugal plan (sort-merge joins, then more partitions) when an operator that cannot
+//!   spill (a hash join's build side) is refused.
 //! * [`in_scope`]: the same for any future or stream.
 //! * [`datafusion`]: the DataFusion this crate is built on, so a program links the same
 //!   version.
@@ -46,10 +49,12 @@ mod decide;
 mod exhausted;
 mod pool;
 mod query;
+mod replan;
 mod spill_files;
 
 pub use attach::{in_scope, install_tracer, InScope, ScopeTracer};
 pub use datafusion;
 pub use pool::{MemquotaPool, DEFAULT_MARGIN};
 pub use query::{run_query, QueryScope};
+pub use replan::{collect_query, Collected, MAX_RETRIES};
 pub use spill_files::{disk_manager_builder, ScopedSpillFiles};

@@ -52,7 +52,16 @@ pub struct MemquotaPool {
     margin: Margin,
     consumers: Mutex<HashMap<usize, Tracked>>,
     refusals: AtomicU64,
+    /// Refusals that spilling cannot answer (a consumer that cannot spill, or a spiller
+    /// holding nothing), by the raw handle of their query's scope, for `collect_query`
+    /// to tell a plan that cannot fit from one that spills.
+    unspillable: Mutex<HashMap<u64, u64>>,
+    retries: AtomicU64,
 }
+
+/// Scopes with unspillable refusals kept before those of ended scopes are dropped
+/// (queries run with `run_query` never take theirs).
+const UNSPILLABLE_KEPT: usize = 256;
 
 /// A DataFusion consumer as the pool sees it.
 struct Tracked {
@@ -82,12 +91,43 @@ impl MemquotaPool {
             margin: Margin(margin.clamp(0.0, 0.9)),
             consumers: Mutex::new(HashMap::new()),
             refusals: AtomicU64::new(0),
+            unspillable: Mutex::new(HashMap::new()),
+            retries: AtomicU64::new(0),
         }
     }
 
     /// Requests refused so far: each one made its operator spill, or failed it.
     pub fn refusals(&self) -> u64 {
         self.refusals.load(Relaxed)
+    }
+
+    /// Queries run again with a more frugal plan by
+    /// [`collect_query`](crate::collect_query) after an operator that cannot spill was
+    /// refused.
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Relaxed)
+    }
+
+    pub(crate) fn note_retry(&self) {
+        self.retries.fetch_add(1, Relaxed);
+    }
+
+    /// Refusals in `scope` that spilling could not answer, since the last call.
+    pub(crate) fn take_unspillable_refusals(&self, scope: ScopeHandle) -> u64 {
+        self.unspillable_table().remove(&scope.as_raw()).unwrap_or(0)
+    }
+
+    fn note_unspillable_refusal(&self, scope: ScopeHandle) {
+        let mut t = self.unspillable_table();
+        if t.len() >= UNSPILLABLE_KEPT {
+            t.retain(|&raw, _| ScopeHandle::from_raw(raw).is_live());
+        }
+        *t.entry(scope.as_raw()).or_insert(0) += 1;
+    }
+
+    fn unspillable_table(&self) -> MutexGuard<'_, HashMap<u64, u64>> {
+        // Counts only: a panic elsewhere under the lock leaves nothing inconsistent.
+        self.unspillable.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<usize, Tracked>> {
@@ -137,6 +177,7 @@ impl fmt::Debug for MemquotaPool {
             .field("margin", &self.margin.0)
             .field("reserved", &self.reserved())
             .field("refusals", &self.refusals())
+            .field("retries", &self.retries())
             .finish_non_exhaustive()
     }
 }
@@ -216,6 +257,11 @@ impl MemoryPool for MemquotaPool {
                     peak: t.peak,
                 }));
                 drop(table);
+                // A spiller holding nothing has nothing to spill: its refusal fails
+                // its operator as an unspillable one's does.
+                if let (true, Some(scope)) = (!request.can_spill || request.held_by_reservation == 0, scope) {
+                    self.note_unspillable_refusal(scope);
+                }
                 Err(DataFusionError::ResourcesExhausted(exhausted::message(
                     consumer,
                     reservation.size() as u64,

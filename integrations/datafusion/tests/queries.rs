@@ -8,7 +8,11 @@
 //! * a join whose build side (which DataFusion cannot spill) exceeds the limit fails
 //!   with `ResourcesExhausted` carrying memquota's figures, and the same process then
 //!   runs the group-by;
-//! * two group-bys at once under one limit both complete, each within its share.
+//! * two group-bys at once under one limit both complete, each within its share;
+//! * with `collect_query`: a join whose hash-join build side does not fit completes by
+//!   sort-merge joins, while one that fits keeps its hash join; a cross join whose
+//!   collected side cannot fit on any plan fails with `ResourcesExhausted` naming the
+//!   query and what held the memory, and the same process then runs the group-by.
 //!
 //! Defaults a user gets: `MemquotaPool::new()`, DataFusion's default session settings
 //! (but the 2 target partitions of the example), memquota's defaults but the limit.
@@ -17,7 +21,8 @@
 mod workload;
 
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
-use memquota_datafusion::{run_query, MemquotaPool, QueryScope};
+use memquota_datafusion::datafusion::physical_plan::ExecutionPlan;
+use memquota_datafusion::{collect_query, run_query, MemquotaPool, QueryScope};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +32,36 @@ use workload::Row;
 static GLOBAL: memquota::QuotaAlloc = memquota::QuotaAlloc::new();
 
 const MIB: u64 = 1 << 20;
+
+/// Rows of each side of the join whose build side (about 8 bytes a row and the hash
+/// table's) cannot fit 64 MiB, and of one that fits.
+const BIG_JOIN_ROWS: u64 = 8_000_000;
+const SMALL_JOIN_ROWS: u64 = 500_000;
+
+/// The operators of a plan, by name, once each.
+fn operators(plan: &dyn ExecutionPlan, out: &mut Vec<String>) {
+    if !out.iter().any(|n| n == plan.name()) {
+        out.push(plan.name().to_owned());
+    }
+    for child in plan.children() {
+        operators(child.as_ref(), out);
+    }
+}
+
+fn print_exhausted(key: &str, failed: &Result<i64>) {
+    // A join's build side is shared between partitions, so its error arrives wrapped:
+    // the root is the pool's.
+    match failed.as_ref().map_err(DataFusionError::find_root) {
+        Err(DataFusionError::ResourcesExhausted(message)) => {
+            println!("{key} ResourcesExhausted");
+            for line in message.lines() {
+                println!("message {line}");
+            }
+        }
+        Err(e) => println!("{key} other error: {}", e.to_string().replace('\n', " | ")),
+        Ok(n) => println!("{key} completed with {n}"),
+    }
+}
 
 // ---- the child: one case, figures on stdout ---------------------------------------
 
@@ -44,18 +79,26 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
         }
         "join-then-group-by" => {
             let failed = runtime.block_on(run_query("join", workload::run_join(&ctx, workload::ROWS)));
-            // The join's build side is shared between partitions, so its error arrives
-            // wrapped: the root is the pool's.
-            match failed.as_ref().map_err(DataFusionError::find_root) {
-                Err(DataFusionError::ResourcesExhausted(message)) => {
-                    println!("join ResourcesExhausted");
-                    for line in message.lines() {
-                        println!("message {line}");
-                    }
-                }
-                Err(e) => println!("join other error: {}", e.to_string().replace('\n', " | ")),
-                Ok(n) => println!("join completed with {n} rows"),
+            print_exhausted("join", &failed);
+            let out = runtime.block_on(run_query("group-by", workload::run(&ctx, workload::ROWS)))?;
+            print_rows("", &out.rows);
+        }
+        "joins-replanned" => {
+            for (key, rows) in [("small", SMALL_JOIN_ROWS), ("big", BIG_JOIN_ROWS)] {
+                let done = runtime.block_on(collect_query(key, workload::big_join(&ctx, rows)?))?;
+                println!("{key}-count {}", workload::number(&done.batches));
+                println!("{key}-retries {}", done.retries);
+                let mut names = Vec::new();
+                operators(done.plan.as_ref(), &mut names);
+                println!("{key}-plan {}", names.join(","));
             }
+        }
+        "unfittable-then-group-by" => {
+            let failed = runtime.block_on(async {
+                let done = collect_query("cross join", workload::cross_join(&ctx, workload::ROWS)?).await?;
+                Ok::<_, DataFusionError>(workload::number(&done.batches))
+            });
+            print_exhausted("cross", &failed);
             let out = runtime.block_on(run_query("group-by", workload::run(&ctx, workload::ROWS)))?;
             print_rows("", &out.rows);
         }
@@ -83,6 +126,7 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
     println!("error-bound {}", s.error_bound);
     println!("rss-peak {}", s.process_rss_peak);
     println!("refusals {}", pool.refusals());
+    println!("pool-retries {}", pool.retries());
     Ok(())
 }
 
@@ -185,6 +229,43 @@ fn two_queries_at_once_share_the_budget(expected: &[Row]) {
     assert!(peak <= 128 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
 
+fn a_join_too_big_to_build_completes_by_sort_merge(_: &[Row]) {
+    let seen = run_child("joins-replanned", 64);
+    let small_count = workload::join_count(SMALL_JOIN_ROWS);
+    assert_eq!(seen.num("small-count"), small_count as u64, "the join that fits\n{}", seen.text);
+    assert_eq!(seen.num("small-retries"), 0, "the join that fits ran once\n{}", seen.text);
+    let plan = seen.all("small-plan").join(",");
+    assert!(plan.contains("HashJoinExec"), "the join that fits keeps its hash join: {plan}");
+    let big_count = workload::join_count(BIG_JOIN_ROWS);
+    assert_eq!(seen.num("big-count"), big_count as u64, "the big join\n{}", seen.text);
+    assert_eq!(seen.num("big-retries"), 1, "one retry, with sort-merge joins\n{}", seen.text);
+    assert_eq!(seen.num("pool-retries"), 1, "the pool counts it\n{}", seen.text);
+    let plan = seen.all("big-plan").join(",");
+    assert!(
+        plan.contains("SortMergeJoinExec") && !plan.contains("HashJoinExec"),
+        "the big join ran as a sort-merge join: {plan}"
+    );
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
+fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &[Row]) {
+    let seen = run_child("unfittable-then-group-by", 64);
+    assert_eq!(seen.all("cross"), ["ResourcesExhausted"], "{}", seen.text);
+    let message = seen.all("message").join("\n");
+    // The last plan's scope is the query, named with its retry; CrossJoinExec held
+    // what there was.
+    for part in
+        ["CrossJoinExec", "Top memory consumers", "scope \"cross join (retry 2: sort-merge, small batches)\""]
+    {
+        assert!(message.contains(part), "no {part:?} in the message:\n{message}");
+    }
+    assert_eq!(seen.num("pool-retries"), 2, "every plan tried\n{}", seen.text);
+    assert_eq!(seen.rows("row"), expected, "the next query");
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
 /// A check, given the expected rows.
 type Check = fn(&[Row]);
 
@@ -199,13 +280,18 @@ fn main() {
         return;
     }
     let expected = workload::expected(workload::ROWS);
-    let checks: [(&str, Check); 3] = [
+    let checks: [(&str, Check); 5] = [
         ("the_query_under_64_128_and_256_mib", the_query_under_64_128_and_256_mib),
         (
             "a_query_that_cannot_spill_enough_fails_and_the_next_runs",
             a_query_that_cannot_spill_enough_fails_and_the_next_runs,
         ),
         ("two_queries_at_once_share_the_budget", two_queries_at_once_share_the_budget),
+        ("a_join_too_big_to_build_completes_by_sort_merge", a_join_too_big_to_build_completes_by_sort_merge),
+        (
+            "a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs",
+            a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs,
+        ),
     ];
     let filter: Vec<&String> = args.iter().skip(1).filter(|a| !a.starts_with('-')).collect();
     let mut failed = 0;

@@ -170,6 +170,35 @@ pub fn big_join(ctx: &SessionContext, rows: u64) -> Result<DataFrame> {
     left.join(right, JoinType::Inner, &["v"], &["w"], None)?.aggregate(vec![], vec![count(lit(1)).alias("n")])
 }
 
+/// A join that cannot be planned but as a cross join, whose collected side is all
+/// `rows` rows of one table: `SELECT max(v + w) FROM t, u` with `u` of 2 rows.
+pub fn cross_join(ctx: &SessionContext, rows: u64) -> Result<DataFrame> {
+    let left = ctx.read_table(table(rows, PARTITIONS, ("v", "s"))?)?;
+    let right = ctx.read_table(table(2, PARTITIONS, ("w", "t"))?)?;
+    left.join(right, JoinType::Inner, &[], &[], None)?
+        .aggregate(vec![], vec![max(col("v") + col("w")).alias("m")])
+}
+
+/// The first column of the first row of a one-number result.
+pub fn number(batches: &[RecordBatch]) -> i64 {
+    batches
+        .first()
+        .and_then(|b| b.column(0).as_any().downcast_ref::<Int64Array>())
+        .map_or(i64::MIN, |a| a.value(0))
+}
+
+/// `big_join`'s answer in plain Rust: the pairs of rows with equal values.
+pub fn join_count(rows: u64) -> i64 {
+    let mut values: Vec<i64> = (0..rows).map(value).collect();
+    values.sort_unstable();
+    values.chunk_by(|a, b| a == b).map(|run| (run.len() * run.len()) as i64).sum()
+}
+
+/// `cross_join`'s answer in plain Rust.
+pub fn cross_join_max(rows: u64) -> i64 {
+    (0..rows).map(value).max().unwrap_or(0) + value(0).max(value(1))
+}
+
 /// What a run produced.
 #[derive(Debug)]
 pub struct Outcome {

@@ -1,0 +1,609 @@
+//! The 22 TPC-H queries under a memory limit, pool against pool: `cargo bench --bench
+//! tpch -- --limits 128m,256m` (in `integrations/datafusion`; `-- --help` for the
+//! options). Tables are generated while they are scanned (`data.rs`: nothing is held
+//! but the query's own state), each query and configuration runs in a process of its
+//! own (this binary runs itself with `--child`), and each result is checked against
+//! the unbounded run's (a hash of its sorted rows).
+//!
+//! Configurations: DataFusion's `GreedyMemoryPool` and `FairSpillPool` on plain
+//! jemalloc (the second with DataFusion's default join choice and with
+//! `prefer_hash_join = false`, as their users can set), and `MemquotaPool` on
+//! `QuotaAlloc`, its queries run with `run_query` (`memquota`) or with
+//! `collect_query`, which plans again when a join cannot fit (`memquota-replan`).
+//!
+//! Per query and configuration: completed or why not, peak RSS / L, wall time,
+//! spills, and the retries `collect_query` made. Printed as markdown
+//! tables; `--svg FILE` also plots queries completed against the limit per pool.
+
+#[path = "data.rs"]
+mod data;
+#[path = "../shared/either.rs"]
+mod either;
+#[path = "queries.rs"]
+mod queries;
+#[path = "svg.rs"]
+mod svg;
+
+use memquota_datafusion::datafusion;
+use memquota_datafusion::{collect_query, run_query, MemquotaPool};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::display::array_value_to_string;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::memory_pool::{FairSpillPool, GreedyMemoryPool, MemoryPool, UnboundedMemoryPool};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[global_allocator]
+static GLOBAL: either::Either = either::Either;
+
+const MIB: u64 = 1 << 20;
+
+/// The configurations, in the order of the tables' columns.
+const POOLS: [&str; 5] = ["greedy", "fair", "fair-smj", "memquota", "memquota-replan"];
+
+const USAGE: &str = "usage: cargo bench --bench tpch -- [options]
+  --limits L,L..     limits, such as 128m,256m,1g (default 128m,256m)
+  --fractions F,F..  limits as fractions of each query's unbounded peak RSS, such as 0.33,0.5
+                     (instead of --limits)
+  --pools P,P..      of greedy, fair, fair-smj, memquota, memquota-replan (default: all)
+  --queries Q,Q..    query numbers or ranges, such as 1-22 or 9,18,21 (default 1-22)
+  --sf X             TPC-H scale factor (default 1)
+  --partitions N     target partitions and table partitions (default 2)
+  --margin F         MemquotaPool's margin, a fraction of the limit (default: the pool's, 0.2)
+  --timeout S        seconds before a case is killed and counted as failed (default 900)
+  --svg FILE         also plot queries completed against the limit, per pool";
+
+// ---- the child: one query under one configuration, figures on stdout --------------
+
+struct Case {
+    pool: String,
+    /// MemquotaPool's margin; `None`: its default.
+    margin: Option<f64>,
+    /// 0: no limit.
+    limit: u64,
+    query: usize,
+    scale: f64,
+    partitions: usize,
+}
+
+/// A figure of /proc/self/status, in bytes.
+fn proc_status(key: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn child(c: &Case) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut config = SessionConfig::from_env()?.with_target_partitions(c.partitions);
+    let limit = c.limit as usize;
+    let mut memquota_pool = None;
+    let pool: Arc<dyn MemoryPool> = match c.pool.as_str() {
+        "unbounded" => Arc::new(UnboundedMemoryPool::default()),
+        "greedy" => Arc::new(GreedyMemoryPool::new(limit)),
+        "fair" => Arc::new(FairSpillPool::new(limit)),
+        "fair-smj" => {
+            config.options_mut().optimizer.prefer_hash_join = false;
+            Arc::new(FairSpillPool::new(limit))
+        }
+        "memquota" | "memquota-replan" => {
+            memquota::init(memquota::Config::new().limit(c.limit)).expect("a valid limit");
+            let p = Arc::new(c.margin.map_or_else(MemquotaPool::new, MemquotaPool::with_margin));
+            memquota_pool = Some(Arc::clone(&p));
+            p
+        }
+        other => panic!("no pool {other}"),
+    };
+    let mut rt = RuntimeEnvBuilder::new().with_memory_pool(pool);
+    if memquota_pool.is_some() {
+        rt = rt.with_disk_manager_builder(memquota_datafusion::disk_manager_builder()?);
+    }
+    let ctx = SessionContext::new_with_config_rt(config, rt.build_arc()?);
+    data::register(&ctx, c.scale, c.partitions)?;
+    let sql = queries::query(c.query, c.scale);
+    let name = format!("TPC-H q{}", c.query);
+    println!("idle {}", proc_status("VmRSS:"));
+    let started = Instant::now();
+    let plain = async {
+        let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        Ok::<_, DataFusionError>((batches, plan))
+    };
+    let out = runtime.block_on(async {
+        match c.pool.as_str() {
+            "memquota" => run_query(&name, plain).await,
+            "memquota-replan" => {
+                let done = collect_query(&name, ctx.sql(&sql).await?).await?;
+                Ok((done.batches, done.plan))
+            }
+            _ => plain.await,
+        }
+    });
+    let wall = started.elapsed();
+    match out {
+        Ok((batches, plan)) => {
+            let (rows, hash) = digest(&batches)?;
+            println!("status ok");
+            println!("rows {rows}");
+            println!("hash {hash:016x}");
+            println!("spills {}", spills(plan.as_ref()));
+        }
+        Err(e) => {
+            println!("status failed");
+            let root = e.find_root();
+            println!("why {}", short_reason(&root.to_string()));
+            for line in root.to_string().lines().take(12) {
+                println!("error {line}");
+            }
+        }
+    }
+    println!("wall {}", wall.as_secs_f64());
+    println!("rss {}", proc_status("VmHWM:"));
+    if let Some(p) = memquota_pool {
+        println!("retries {}", p.retries());
+        println!("refusals {}", p.refusals());
+    }
+    Ok(())
+}
+
+/// The consumer a refusal names ("... for HashJoinInput[0] with ..." in DataFusion's
+/// pools, "... for HashJoinInput#12 with ..." in memquota's), else the message's start.
+fn short_reason(message: &str) -> String {
+    let first = message.lines().next().unwrap_or_default();
+    if let Some(rest) = first.split(" for ").nth(1) {
+        if let Some((consumer, _)) = rest.split_once(" with ") {
+            let name = consumer.split(['[', '#']).next().unwrap_or(consumer);
+            return name.to_owned();
+        }
+    }
+    first.chars().take(60).collect()
+}
+
+/// Row count and a hash of the sorted rows, each row its cells as DataFusion prints
+/// them.
+fn digest(batches: &[RecordBatch]) -> Result<(usize, u64)> {
+    let mut rows = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            let mut row = String::new();
+            for col in b.columns() {
+                row.push_str(&array_value_to_string(col, i)?);
+                row.push('|');
+            }
+            rows.push(row);
+        }
+    }
+    rows.sort();
+    let mut h = DefaultHasher::new();
+    rows.hash(&mut h);
+    Ok((rows.len(), h.finish()))
+}
+
+/// Spill files written over the whole plan.
+fn spills(plan: &dyn ExecutionPlan) -> usize {
+    let own = plan.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
+    own + plan.children().into_iter().map(|c| spills(c.as_ref())).sum::<usize>()
+}
+
+// ---- the parent ---------------------------------------------------------------------
+
+/// What a child reported.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    ok: bool,
+    why: String,
+    hash: String,
+    rows: u64,
+    rss: u64,
+    idle: u64,
+    wall: f64,
+    spills: u64,
+    retries: u64,
+}
+
+struct Options {
+    limits: Vec<u64>,
+    fractions: Vec<f64>,
+    pools: Vec<String>,
+    queries: Vec<usize>,
+    scale: f64,
+    partitions: usize,
+    timeout: Duration,
+    svg: Option<String>,
+    margin: Option<f64>,
+}
+
+fn size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim().to_ascii_lowercase();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s.as_str(), "m"),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let unit = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "k" => 1 << 10,
+        "m" => MIB,
+        "g" => 1 << 30,
+        _ => return Err(format!("bad size {s:?}: expected a number with k, m or g")),
+    };
+    Ok((n * unit as f64) as u64)
+}
+
+fn query_list(s: &str) -> std::result::Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let bad = || format!("bad query list {s:?}");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    if out.iter().any(|&q| !(1..=22).contains(&q)) {
+        return Err(format!("queries are 1 to 22: {s:?}"));
+    }
+    Ok(out)
+}
+
+fn options(args: &[String]) -> std::result::Result<Options, String> {
+    let mut o = Options {
+        limits: vec![128 * MIB, 256 * MIB],
+        fractions: Vec::new(),
+        pools: POOLS.iter().map(|p| p.to_string()).collect(),
+        queries: (1..=22).collect(),
+        scale: 1.0,
+        partitions: 2,
+        timeout: Duration::from_secs(900),
+        svg: None,
+        margin: None,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value\n{USAGE}"));
+        match arg.as_str() {
+            "--limits" => o.limits = value()?.split(',').map(size).collect::<std::result::Result<_, _>>()?,
+            "--fractions" => {
+                let v = value()?;
+                o.fractions = v
+                    .split(',')
+                    .map(|f| f.parse().ok().filter(|&f: &f64| f > 0.0).ok_or(format!("bad fraction {f:?}")))
+                    .collect::<std::result::Result<_, _>>()?;
+            }
+            "--pools" => {
+                o.pools = value()?.split(',').map(str::to_owned).collect();
+                if let Some(p) = o.pools.iter().find(|p| !POOLS.contains(&p.as_str())) {
+                    return Err(format!("no pool {p:?}\n{USAGE}"));
+                }
+            }
+            "--queries" => o.queries = query_list(&value()?)?,
+            "--sf" => o.scale = value()?.parse().ok().filter(|&s: &f64| s > 0.0).ok_or("bad --sf")?,
+            "--partitions" => {
+                o.partitions = value()?.parse::<usize>().ok().filter(|&n| n > 0).ok_or("bad --partitions")?
+            }
+            "--timeout" => o.timeout = Duration::from_secs(value()?.parse().map_err(|_| "bad --timeout")?),
+            "--svg" => o.svg = Some(value()?),
+            "--margin" => {
+                o.margin = Some(
+                    value()?.parse::<f64>().ok().filter(|m| (0.0..0.9).contains(m)).ok_or("bad --margin")?,
+                )
+            }
+            // cargo bench passes --bench to the binary.
+            "--bench" => {}
+            "-h" | "--help" => return Err(USAGE.to_owned()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(o)
+}
+
+/// Runs one case in a child process.
+fn run(o: &Options, pool: &str, limit: u64, query: usize) -> Run {
+    let dir = std::env::temp_dir();
+    let (out_path, err_path) = (dir.join("memquota-tpch-child.out"), dir.join("memquota-tpch-child.err"));
+    let spawned = Command::new(std::env::current_exe().expect("this binary"))
+        .args([
+            "--child",
+            pool,
+            &limit.to_string(),
+            &query.to_string(),
+            &o.scale.to_string(),
+            &o.partitions.to_string(),
+            &o.margin.map_or("default".to_owned(), |m| m.to_string()),
+        ])
+        .stdout(std::fs::File::create(&out_path).expect("a temporary file"))
+        .stderr(std::fs::File::create(&err_path).expect("a temporary file"))
+        .stdin(Stdio::null())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => return Run { why: format!("spawn: {e}"), ..Run::default() },
+    };
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() > o.timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => break None,
+        }
+    };
+    let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let get = |key: &str| field(&stdout, key);
+    let num = |key: &str| get(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    let mut r = Run {
+        ok: get("status") == Some("ok"),
+        why: get("why").unwrap_or_default().to_owned(),
+        hash: get("hash").unwrap_or_default().to_owned(),
+        rows: num("rows") as u64,
+        rss: num("rss") as u64,
+        idle: num("idle") as u64,
+        wall: num("wall"),
+        spills: num("spills") as u64,
+        retries: num("retries") as u64,
+    };
+    match status {
+        None => {
+            r.ok = false;
+            r.why = format!("killed after {} s", o.timeout.as_secs());
+            r.wall = started.elapsed().as_secs_f64();
+        }
+        Some(s) if !s.success() => {
+            r.ok = false;
+            let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+            let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default();
+            r.why = format!("crashed ({s}): {}", last.chars().take(80).collect::<String>());
+            r.wall = started.elapsed().as_secs_f64();
+        }
+        Some(_) => {}
+    }
+    r
+}
+
+/// The value of the child's line `key value`.
+fn field<'a>(stdout: &'a str, key: &str) -> Option<&'a str> {
+    stdout.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.0}", bytes as f64 / MIB as f64)
+}
+
+/// One limit: absolute, or a fraction of each query's unbounded peak.
+#[derive(Clone, Copy)]
+enum Limit {
+    Bytes(u64),
+    Fraction(f64),
+}
+
+impl Limit {
+    fn of(self, unbounded_peak: u64) -> u64 {
+        match self {
+            Limit::Bytes(b) => b,
+            // Whole MiB, so the figure is readable and repeatable.
+            Limit::Fraction(f) => ((unbounded_peak as f64 * f) as u64 / MIB).max(1) * MIB,
+        }
+    }
+
+    fn label(self) -> String {
+        match self {
+            Limit::Bytes(b) => format!("{} MiB", mib(b)),
+            Limit::Fraction(f) => format!("{f} x unbounded peak"),
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--child") {
+        let pool = args[i + 1].clone();
+        either::PLAIN.store(!pool.starts_with("memquota"), Relaxed);
+        let case = Case {
+            pool,
+            limit: args[i + 2].parse().expect("a limit in bytes"),
+            query: args[i + 3].parse().expect("a query number"),
+            scale: args[i + 4].parse().expect("a scale factor"),
+            partitions: args[i + 5].parse().expect("partitions"),
+            margin: args[i + 6].parse().ok(),
+        };
+        if let Err(e) = child(&case) {
+            println!("status failed");
+            println!("why setup: {}", e.to_string().lines().next().unwrap_or_default());
+            std::process::exit(1);
+        }
+        return;
+    }
+    let o = match options(&args[1..]) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let limits: Vec<Limit> = if o.fractions.is_empty() {
+        o.limits.iter().map(|&b| Limit::Bytes(b)).collect()
+    } else {
+        o.fractions.iter().map(|&f| Limit::Fraction(f)).collect()
+    };
+    let total = o.queries.len() * (1 + limits.len() * o.pools.len());
+    let started = Instant::now();
+    let mut done = 0usize;
+    let mut progress = |what: &str, r: &Run| {
+        done += 1;
+        let elapsed = started.elapsed().as_secs_f64();
+        let eta = elapsed / done as f64 * (total - done) as f64;
+        eprintln!(
+            "[{done}/{total} {:.0} s, about {:.0} min left] {what}: {}",
+            elapsed,
+            eta / 60.0,
+            if r.ok {
+                format!("ok, peak RSS {} MiB, {:.1} s, {} spills", mib(r.rss), r.wall, r.spills)
+            } else {
+                format!("failed: {}", r.why)
+            }
+        );
+    };
+    // The unbounded runs: the expected results and each query's peak.
+    let mut unbounded = BTreeMap::new();
+    for &q in &o.queries {
+        let r = run(&o, "unbounded", 0, q);
+        progress(&format!("q{q} unbounded"), &r);
+        unbounded.insert(q, r);
+    }
+    // results[limit][pool][query]
+    let mut results: Vec<BTreeMap<String, BTreeMap<usize, (u64, Run)>>> = Vec::new();
+    for &limit in &limits {
+        let mut by_pool = BTreeMap::new();
+        for pool in &o.pools {
+            let mut by_query = BTreeMap::new();
+            for &q in &o.queries {
+                let base = &unbounded[&q];
+                let l = limit.of(base.rss);
+                let mut r = run(&o, pool, l, q);
+                if r.ok && (!base.ok || r.hash != base.hash || r.rows != base.rows) {
+                    r.ok = false;
+                    r.why = if base.ok { "wrong result".into() } else { "no unbounded result".into() };
+                }
+                progress(&format!("q{q} {pool} at {} MiB", mib(l)), &r);
+                by_query.insert(q, (l, r));
+            }
+            by_pool.insert(pool.clone(), by_query);
+        }
+        results.push(by_pool);
+    }
+    print!("{}", report(&o, &limits, &unbounded, &results));
+    if let Some(path) = &o.svg {
+        let series: Vec<(String, Vec<(f64, usize)>)> = o
+            .pools
+            .iter()
+            .map(|pool| {
+                let points = limits
+                    .iter()
+                    .zip(&results)
+                    .map(|(limit, by_pool)| {
+                        let x = match limit {
+                            Limit::Bytes(b) => *b as f64 / MIB as f64,
+                            Limit::Fraction(f) => *f,
+                        };
+                        (x, by_pool[pool].values().filter(|(_, r)| r.ok).count())
+                    })
+                    .collect();
+                (pool.clone(), points)
+            })
+            .collect();
+        let x_label = match limits.first() {
+            Some(Limit::Fraction(_)) => "limit / the query's unbounded peak RSS",
+            _ => "limit (MiB)",
+        };
+        let title = format!(
+            "TPC-H SF {}, {} partitions: queries completed (of {})",
+            o.scale,
+            o.partitions,
+            o.queries.len()
+        );
+        match std::fs::write(path, svg::plot(&title, x_label, o.queries.len(), &series)) {
+            Ok(()) => eprintln!("plot written to {path}"),
+            Err(e) => eprintln!("cannot write {path}: {e}"),
+        }
+    }
+}
+
+/// The markdown tables: a summary per limit and pool, then each query.
+fn report(
+    o: &Options,
+    limits: &[Limit],
+    unbounded: &BTreeMap<usize, Run>,
+    results: &[BTreeMap<String, BTreeMap<usize, (u64, Run)>>],
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nTPC-H SF {}, {} partitions, {} queries, each in a process of its own; peak RSS is the process's (VmHWM), L the limit{}\n",
+        o.scale,
+        o.partitions,
+        o.queries.len(),
+        o.margin.map_or(String::new(), |m| format!("; MemquotaPool's margin {m}"))
+    );
+    let _ = writeln!(
+        s,
+        "| limit | pool | completed | worst peak RSS / L | worst (peak - idle RSS) / L | wall of those completed | spills | retries |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for (limit, by_pool) in limits.iter().zip(results) {
+        for (pool, by_query) in by_pool {
+            let ok: Vec<&(u64, Run)> = by_query.values().filter(|(_, r)| r.ok).collect();
+            let worst = ok.iter().map(|(l, r)| r.rss as f64 / *l as f64).fold(0.0, f64::max);
+            let worst_over_idle =
+                ok.iter().map(|(l, r)| r.rss.saturating_sub(r.idle) as f64 / *l as f64).fold(0.0, f64::max);
+            let sum = |f: &dyn Fn(&Run) -> u64| by_query.values().map(|(_, r)| f(r)).sum::<u64>();
+            let _ = writeln!(
+                s,
+                "| {} | {pool} | {} of {} | {worst:.2} | {worst_over_idle:.2} | {:.1} s | {} | {} |",
+                limit.label(),
+                ok.len(),
+                by_query.len(),
+                ok.iter().map(|(_, r)| r.wall).sum::<f64>(),
+                sum(&|r| r.spills),
+                sum(&|r| r.retries),
+            );
+        }
+    }
+    for (limit, by_pool) in limits.iter().zip(results) {
+        let _ = writeln!(
+            s,
+            "\nAt {}: peak RSS / L, wall time, spills (s), retries (r); or why it failed\n",
+            limit.label()
+        );
+        let pools: Vec<&String> = by_pool.keys().collect();
+        let _ = write!(s, "| query | unbounded peak, wall |");
+        for p in &pools {
+            let _ = write!(s, " {p} |");
+        }
+        let _ = write!(s, "\n|---|---|");
+        for _ in &pools {
+            let _ = write!(s, "---|");
+        }
+        s.push('\n');
+        for q in &o.queries {
+            let base = &unbounded[q];
+            let _ = write!(
+                s,
+                "| {q} | {} |",
+                if base.ok { format!("{} MiB, {:.1} s", mib(base.rss), base.wall) } else { base.why.clone() }
+            );
+            for p in &pools {
+                let (l, r) = &by_pool[*p][q];
+                let cell = if r.ok {
+                    let mut c = format!("{:.2} L, {:.1} s", r.rss as f64 / *l as f64, r.wall);
+                    for (n, tag) in [(r.spills, "s"), (r.retries, "r")] {
+                        if n > 0 {
+                            let _ = write!(c, ", {n}{tag}");
+                        }
+                    }
+                    c
+                } else {
+                    format!("**failed**: {}", r.why)
+                };
+                let _ = write!(s, " {cell} |");
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
