@@ -33,12 +33,12 @@ pub fn run() -> ! {
         if ok {
             println!("seed {seed}: ok in {:.1} s: {summary}", t0.elapsed().as_secs_f64());
             if verbose {
-                print_indented(&out);
+                support::print_indented("output", out.as_bytes());
             }
         } else {
             failed.push(seed);
             println!("seed {seed}: FAILED ({why}) after {:.1} s; its output:", t0.elapsed().as_secs_f64());
-            print_indented(&out);
+            support::print_indented("output", out.as_bytes());
             println!("  re-run: {}", rerun_command(seed));
         }
         if only.is_some() || started.elapsed() >= Duration::from_secs(secs) {
@@ -109,26 +109,6 @@ pub fn run_seed(seed: u64) -> (bool, String, String) {
         _ => format!("{:?}", out.status),
     };
     (!killed && out.status.success(), text, why)
-}
-
-pub fn print_indented(text: &str) {
-    const KEEP: usize = 12000;
-    let shown = if text.len() > 2 * KEEP {
-        let mut head = KEEP;
-        while !text.is_char_boundary(head) {
-            head -= 1;
-        }
-        let mut tail = text.len() - KEEP;
-        while !text.is_char_boundary(tail) {
-            tail += 1;
-        }
-        format!("{}\n[... {} bytes cut ...]\n{}", &text[..head], tail - head, &text[tail..])
-    } else {
-        text.to_owned()
-    };
-    for l in shown.lines() {
-        println!("  | {l}");
-    }
 }
 
 /// What a seed's plans did, summed: the last line of its output, and the run's total.

@@ -405,7 +405,7 @@ fn describe(status: std::process::ExitStatus) -> String {
 }
 
 /// Prints a child's output, indented; a flood is cut to its head and tail.
-fn print_indented(what: &str, bytes: &[u8]) {
+pub fn print_indented(what: &str, bytes: &[u8]) {
     if bytes.is_empty() {
         return;
     }
