@@ -385,6 +385,9 @@ fn mib(bytes: u64) -> String {
     format!("{:.0}", bytes as f64 / MIB as f64)
 }
 
+/// At one limit, by pool then query: the limit (bytes) and the run.
+type AtLimit = BTreeMap<String, BTreeMap<usize, (u64, Run)>>;
+
 /// One limit: absolute, or a fraction of each query's unbounded peak.
 #[derive(Clone, Copy)]
 enum Limit {
@@ -467,7 +470,7 @@ fn main() {
         unbounded.insert(q, r);
     }
     // results[limit][pool][query]
-    let mut results: Vec<BTreeMap<String, BTreeMap<usize, (u64, Run)>>> = Vec::new();
+    let mut results: Vec<AtLimit> = Vec::new();
     for &limit in &limits {
         let mut by_pool = BTreeMap::new();
         for pool in &o.pools {
@@ -525,12 +528,7 @@ fn main() {
 }
 
 /// The markdown tables: a summary per limit and pool, then each query.
-fn report(
-    o: &Options,
-    limits: &[Limit],
-    unbounded: &BTreeMap<usize, Run>,
-    results: &[BTreeMap<String, BTreeMap<usize, (u64, Run)>>],
-) -> String {
+fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, results: &[AtLimit]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
