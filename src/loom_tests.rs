@@ -4,9 +4,9 @@
 //! rule driven by two tasks that each need more than half the memory. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release -p memquota --lib loom`.
 
-use crate::account::Account;
-use crate::gc::{Coordinator, Run, SyncOutcome, Timing};
-use crate::tables::machine::{Active, Machine, State};
+use crate::ledger::account::Account;
+use crate::ledger::tables::machine::{Active, Machine, State};
+use crate::policy::coordinator::{Coordinator, Run, SyncOutcome, Timing};
 use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 use loom::thread;

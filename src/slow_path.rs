@@ -3,13 +3,13 @@
 //! scope's admission, any other to the process budget's), and re-arms the thread:
 //! tight past the limit, loose under it.
 
-use crate::admission::{self, admit, count_only, past_ceiling, Take};
-use crate::config::OnOom;
-use crate::ledger::{self, Face, Local, ACCOUNT};
-use crate::purge;
-use crate::reserve;
-use crate::settings::{self, ensure_configured, policing_allocations};
-use crate::tables;
+use crate::base::config::OnOom;
+use crate::base::settings::{self, ensure_configured, policing_allocations};
+use crate::ledger::tables;
+use crate::ledger::threads::{self, Face, Local, ACCOUNT};
+use crate::policy::admission::{self, admit, count_only, past_ceiling, Take};
+use crate::policy::purge;
+use crate::policy::reserve;
 
 /// The slow path of a charge of `bytes` (either sign) on a thread of `face`. Returns
 /// whether the caller may go ahead; only positive charges can be refused.
@@ -35,19 +35,19 @@ fn visit(face: &'static Face, bytes: i64, taken: bool) -> bool {
         ACCOUNT.add(bytes); // a thread with no state left: counted, never policed
         return true;
     };
-    let Some(_busy) = ledger::enter(l) else {
-        ledger::charge_nested(l, bytes);
+    let Some(_busy) = threads::enter(l) else {
+        threads::charge_nested(l, bytes);
         return true;
     };
-    ledger::adopt(face);
+    threads::adopt(face);
     if face.configure_from_env {
         ensure_configured();
     }
     purge::settle_after_fork();
-    let flushed = ledger::settle(l, face);
+    let flushed = threads::settle(l, face);
     ACCOUNT.add(flushed);
     let granted = if taken && bytes > 0 {
-        admission::taken(ledger::attribute(l, bytes));
+        admission::taken(threads::attribute(l, bytes));
         true
     } else {
         decide(l, face, bytes)
@@ -56,34 +56,34 @@ fn visit(face: &'static Face, bytes: i64, taken: bool) -> bool {
     // the account back under it: the ledger's bound on usage past the limit.
     let over = past_ceiling();
     if over && (flushed > 0 || (granted && bytes > 0)) {
-        ledger::note_overcommit();
+        threads::note_overcommit();
     } else if !over {
         // Back at or under the limit: the emergency reserve is whole again.
         reserve::refill(l);
     }
-    ACCOUNT.add(ledger::rearm(l, over));
+    ACCOUNT.add(threads::rearm(l, over));
     granted
 }
 
 /// The decision on a charge of `bytes`, the thread's delta already settled.
 fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
     if bytes <= 0 {
-        ACCOUNT.add(ledger::attribute(l, bytes));
+        ACCOUNT.add(threads::attribute(l, bytes));
         return true;
     }
     // What a gate charged already for this allocation ([`make_room`]): in a retry
     // block the scope and the account have it; otherwise the account has it, the
     // scope does not yet.
-    let scoped = ledger::use_prepaid_scoped(l, bytes as u64) as i64;
-    let prepaid = ledger::use_prepaid(l, (bytes - scoped) as u64) as i64;
+    let scoped = threads::use_prepaid_scoped(l, bytes as u64) as i64;
+    let prepaid = threads::use_prepaid(l, (bytes - scoped) as u64) as i64;
     if prepaid > 0 {
-        ACCOUNT.add(ledger::attribute(l, prepaid) - prepaid);
+        ACCOUNT.add(threads::attribute(l, prepaid) - prepaid);
     }
     let bytes = bytes - scoped - prepaid;
     if bytes == 0 {
         return true;
     }
-    match ledger::scope_of(l) {
+    match threads::scope_of(l) {
         0 => admit(l, face, bytes),
         // Under Enforcement::Gates an allocation is never refused, not even by its
         // scope's share: it is charged to the scope and counted.
@@ -104,7 +104,7 @@ fn decide(l: &Local, face: &Face, bytes: i64) -> bool {
                 Err(throttle) => admission::refuse(bytes, throttle, OnOom::Abort),
             }
         }
-        scope => crate::scope::admit_attached(l, face, scope, bytes),
+        scope => crate::arbitration::admit_attached(l, face, scope, bytes),
     }
 }
 
@@ -127,20 +127,20 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
         return true;
     }
     let Some(l) = (face.local)() else { return true };
-    let Some(_busy) = ledger::enter(l) else { return true };
+    let Some(_busy) = threads::enter(l) else { return true };
     if face.configure_from_env {
         ensure_configured();
     }
-    ACCOUNT.add(ledger::settle(l, face));
+    ACCOUNT.add(threads::settle(l, face));
     // In a retry block the request takes part in the retry machine: it blocks
     // instead of failing, and fails when the machine rolls the thread back or asks
     // it to split (`last_refusal_raw` says which).
-    if let Some(granted) = crate::scope::gate_in_block(l, face, bytes) {
+    if let Some(granted) = crate::arbitration::gate_in_block(l, face, bytes) {
         return granted;
     }
     let granted = admission::admit_as(l, face, i64::try_from(bytes).unwrap_or(i64::MAX), OnOom::Abort);
     if granted {
-        ledger::prepay(l, bytes);
+        threads::prepay(l, bytes);
     }
     granted
 }
@@ -150,11 +150,11 @@ pub fn make_room(face: &'static Face, bytes: u64) -> bool {
 /// failed or was served on the fast path), to the scope as well in a retry block.
 pub fn end_gate(face: &'static Face) {
     if let Some(l) = (face.local)() {
-        let left = ledger::take_prepaid(l);
+        let left = threads::take_prepaid(l);
         if left > 0 {
             ACCOUNT.add(-i64::try_from(left).unwrap_or(i64::MAX));
         }
-        ACCOUNT.add(ledger::give_back_prepaid_scoped(l));
+        ACCOUNT.add(threads::give_back_prepaid_scoped(l));
     }
 }
 
@@ -163,7 +163,7 @@ pub fn end_gate(face: &'static Face) {
 /// different size class than estimated.
 pub fn record(face: &'static Face, bytes: i64) {
     match (face.local)() {
-        Some(l) => ledger::charge_nested(l, bytes),
+        Some(l) => threads::charge_nested(l, bytes),
         None => {
             ACCOUNT.add(bytes);
         }
@@ -173,6 +173,6 @@ pub fn record(face: &'static Face, bytes: i64) {
 /// Flushes the calling thread's delta to the process account.
 pub fn flush_thread(face: &'static Face) {
     if let Some(l) = (face.local)() {
-        ACCOUNT.add(ledger::settle(l, face));
+        ACCOUNT.add(threads::settle(l, face));
     }
 }

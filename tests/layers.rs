@@ -12,19 +12,23 @@ fn main() {
     let layers = layers(&fs::read_to_string(root.join("docs/design.md")).expect("docs/design.md"));
     let edges = edges(&root.join("src"));
     let mut problems = Vec::new();
+    let layer_of = |module: &str| layers.get(module.split("::").next().unwrap_or(module)).copied();
+    let mut places = BTreeSet::new();
     for module in edges.keys() {
-        if !layers.contains_key(module) {
-            problems.push(format!("src/ module `{module}` is not in the layer table of docs/design.md"));
+        let place = module.split("::").next().unwrap_or(module).to_owned();
+        if layer_of(module).is_none() {
+            problems.push(format!("src/ module `{module}` is not in a layer of the table in docs/design.md"));
         }
+        places.insert(place);
     }
-    for module in layers.keys() {
-        if !edges.contains_key(module) {
-            problems.push(format!("docs/design.md lists `{module}`, which is not a module of src/"));
+    for place in layers.keys() {
+        if !places.contains(place) {
+            problems.push(format!("docs/design.md lists `{place}`, which is not a module or folder of src/"));
         }
     }
     for (from, tos) in &edges {
         for to in tos {
-            if let (Some(a), Some(b)) = (layers.get(from), layers.get(to)) {
+            if let (Some(a), Some(b)) = (layer_of(from), layer_of(to)) {
                 if b > a {
                     problems.push(format!("`{from}` (layer {a}) uses `{to}` (layer {b}), a layer above it"));
                 }
@@ -67,24 +71,46 @@ fn layers(design: &str) -> BTreeMap<String, u32> {
     out
 }
 
-/// Module -> modules its code names through `crate::`, comments left out. `lib.rs` (the
-/// table of contents) and the loom model tests are not modules of the picture.
+/// Module -> modules its code names through `crate::`, comments left out. A module is
+/// a file or folder directly in `src/`, or one directly in a layer folder whose
+/// `mod.rs` is only a table of contents (`policy::report`). `lib.rs` (the crate's table
+/// of contents) and the loom model tests are not modules of the picture.
 fn edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     collect(src, &mut files);
+    let contents_only: BTreeSet<String> = files
+        .iter()
+        .filter(|f| {
+            f.file_name().is_some_and(|n| n == "mod.rs") && f.parent().and_then(Path::parent) == Some(src)
+        })
+        .filter(|f| is_table_of_contents(&fs::read_to_string(f).unwrap()))
+        .map(|f| f.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let unit = |segments: &[String]| -> String {
+        match segments {
+            [first, second, ..] if contents_only.contains(first) => format!("{first}::{second}"),
+            [first, ..] => first.clone(),
+            [] => String::new(),
+        }
+    };
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let rel = file.strip_prefix(src).unwrap();
-        let first = rel.components().next().unwrap().as_os_str().to_string_lossy().into_owned();
-        let module = first.trim_end_matches(".rs").to_owned();
-        if module == "lib" || module == "loom_tests" {
+        let segments: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_owned())
+            .filter(|s| s != "mod")
+            .collect();
+        let module = unit(&segments);
+        if module == "lib" || module == "loom_tests" || contents_only.contains(&module) {
             continue;
         }
         let text = fs::read_to_string(&file).unwrap();
         let code: String =
             text.lines().filter(|l| !l.trim_start().starts_with("//")).map(|l| format!("{l}\n")).collect();
         let used = out.entry(module.clone()).or_default();
-        for name in referenced(&code) {
+        for path in referenced(&code) {
+            let name = unit(&path.split("::").map(str::to_owned).collect::<Vec<_>>());
             if name != module {
                 used.insert(name);
             }
@@ -95,6 +121,19 @@ fn edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         used.retain(|m| modules.contains(m)); // root re-exports (crate::init, ...) are not modules
     }
     out
+}
+
+/// A layer folder's `mod.rs` that only declares the layer's modules.
+fn is_table_of_contents(text: &str) -> bool {
+    text.lines().map(str::trim).all(|l| {
+        l.is_empty()
+            || l.starts_with("//")
+            || l.starts_with("#[")
+            || l.starts_with("pub(crate) mod ")
+            || l.starts_with("pub mod ")
+            || l.starts_with("mod ")
+            || l == "}"
+    })
 }
 
 fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -108,51 +147,68 @@ fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// The first path segment after every `crate::`, including each item of a
-/// `crate::{a, b::c}` group.
+/// Every path after a `crate::`, with `crate::a::{b, c::d}` groups spelled out
+/// (`a::b`, `a::c::d`).
 fn referenced(code: &str) -> Vec<String> {
-    let mut names = Vec::new();
+    let mut paths = Vec::new();
     let mut rest = code;
     while let Some(at) = rest.find("crate::") {
         rest = &rest[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let mut depth = 1;
-            let mut item_start = true;
-            let mut name = String::new();
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            break;
+        tree(&mut rest.chars().peekable(), String::new(), &mut paths);
+    }
+    paths.retain(|p| !p.is_empty());
+    paths
+}
+
+/// One use-tree: segments joined by `::`, ending in a name or a `{...}` group of trees.
+fn tree(chars: &mut std::iter::Peekable<std::str::Chars>, prefix: String, out: &mut Vec<String>) {
+    let mut path = prefix;
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek() == Some(&'{') {
+            chars.next();
+            loop {
+                tree(chars, path.clone(), out);
+                while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                    chars.next();
+                }
+                match chars.next() {
+                    Some(',') => {
+                        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                            chars.next();
+                        }
+                        if chars.peek() == Some(&'}') {
+                            chars.next();
+                            return;
                         }
                     }
-                    ',' if depth == 1 => {
-                        item_start = true;
-                        continue;
-                    }
-                    _ => {}
-                }
-                if depth == 1 && item_start {
-                    if c.is_alphanumeric() || c == '_' {
-                        name.push(c);
-                    } else if !name.is_empty() || !c.is_whitespace() {
-                        names.push(std::mem::take(&mut name));
-                        item_start = false;
-                    }
+                    _ => return,
                 }
             }
-            if !name.is_empty() {
-                names.push(name);
-            }
-        } else {
-            let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-            names.push(name);
         }
+        let name: String =
+            std::iter::from_fn(|| chars.next_if(|c| c.is_alphanumeric() || *c == '_')).collect();
+        if !name.is_empty() && name != "self" {
+            if !path.is_empty() {
+                path.push_str("::");
+            }
+            path.push_str(&name);
+        }
+        if chars.peek() == Some(&':') {
+            chars.next();
+            if chars.next_if_eq(&':').is_some() {
+                continue;
+            }
+        }
+        // Skip the rest of this item (` as x`, `*`) up to its end.
+        while chars.peek().is_some_and(|c| !matches!(c, ',' | '}' | ';' | '(' | ')' | '\n')) {
+            chars.next();
+        }
+        out.push(path);
+        return;
     }
-    names.retain(|n| !n.is_empty());
-    names
 }
 
 fn find_cycle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {

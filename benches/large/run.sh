@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The large-block loop (large.c: 1-8 MiB blocks allocated, every page written, freed)
 # under glibc, LD_PRELOAD of Debian's libjemalloc.so.2, LD_PRELOAD of libmemquota.so
-# (its default purging: src/purge.rs), and libmemquota.so with jemalloc's own decay
+# (its default purging: src/policy/purge.rs), and libmemquota.so with jemalloc's own decay
 # given back by the user (MALLOC_CONF=dirty_decay_ms:10000, what the preload did
 # before). Interleaved in one run; prints medians and the ratios to glibc.
 # On demand only:  bash benches/large/run.sh [ROUNDS]

@@ -1074,7 +1074,7 @@ fn malloc_conf_is_honoured_and_read_back_through_mallctl() {
     // The defaults, then dirty_decay_ms:0 by MALLOC_CONF: read back from memquota's
     // jemalloc (its statistics see the program's malloc), and freed pages are purged
     // at once instead of kept. By default memquota runs the purging (no decay: its
-    // purge service purges, src/purge.rs), settled before the program's main, and
+    // purge service purges, src/policy/purge.rs), settled before the program's main, and
     // blocks from 1 MiB on share one arena; a user's own decay keeps jemalloc's 8 MiB.
     let (defaults, _) = conf_under(&[]);
     for line in [
