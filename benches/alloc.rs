@@ -589,7 +589,7 @@ fn main() {
     );
     println!(
         "threshold {} KiB per thread, {} cores available{}{}",
-        memquota::face::threshold_for(16 << 30) >> 10,
+        memquota::seam::process::threshold_for(16 << 30) >> 10,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         if quick { ", QUICK mode (1/20 of the ops)" } else { "" },
         if cpu_clock() { ", timed by thread CPU time" } else { "" }

@@ -14,20 +14,36 @@
 // Under loom only the pure parts are built, and not all of them are exercised.
 #![cfg_attr(loom, allow(dead_code))]
 
-// The layers, bottom up: each folder uses only itself and the folders above it in this
-// list (docs/design.md has the picture; tests/layers.rs checks every `crate::` path
+// The layers, bottom up: each uses only itself and the layers before it here
+// (docs/design.md has the picture; tests/layers.rs checks every `crate::` path
 // against it).
+//
+// 0: settings, arithmetic, figures, text, sync primitives, the host.
+mod base;
+// 1: per-thread deltas, the process account, the scope tables.
+mod ledger;
+// 2: admission, reclaims, the report, the sampler thread, purging.
+mod policy;
+// 3: task scopes: fair share, spills, retry blocks.
 #[cfg(not(loom))]
 mod arbitration;
-mod base;
-#[cfg(not(loom))]
-mod faces;
-mod ledger;
-mod policy;
-#[cfg(not(loom))]
-mod process;
+// 4: the one entry a face calls when its fast path says no.
 #[cfg(not(loom))]
 mod slow_path;
+// 5: init, fork handlers, the second-budget check, export and the metrics endpoint.
+#[cfg(not(loom))]
+mod process;
+// 6: the seam, the faces' one way in; sealed unless the `seam` feature asks for it
+// (memquota's own artifacts and tests do).
+#[cfg(all(feature = "seam", not(loom)))]
+#[doc(hidden)]
+pub mod seam;
+#[cfg(all(not(feature = "seam"), not(loom)))]
+#[allow(unused_imports)]
+mod seam;
+// 7: the faces in this crate: the Rust allocator, the JVM driver.
+#[cfg(not(loom))]
+mod faces;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -560,7 +560,10 @@ fn race(handles: &[Option<ScopeHandle>], how: Race) -> (Samples, Vec<Churned>) {
 /// reserve refused threads draw on, plus `extra`.
 fn bound(limit: u64, samples: &Samples, runners: usize, extra: u64) -> u64 {
     let threads = samples.max_threads.max(runners as u64 + SERVICE_THREADS);
-    limit + (threads + 1) * memquota::stats().threshold + memquota::face::emergency_reserve_for(limit) + extra
+    limit
+        + (threads + 1) * memquota::stats().threshold
+        + memquota::seam::slow::emergency_reserve_for(limit)
+        + extra
 }
 
 /// Every sample of the account, and its peak, within `bound`.

@@ -720,7 +720,7 @@ fn a_panicking_report_hook_is_caught_and_counted() {
         catch_unwind(|| alloc(128 * MIB).is_none()).ok(),
         catch_unwind(|| alloc(128 * MIB).is_none()).ok(), // in the window: held back
     ];
-    let quiet = catch_unwind(memquota::face::flush_quiet).is_ok();
+    let quiet = catch_unwind(memquota::seam::text::flush_quiet).is_ok();
     let leak = catch_unwind(|| {
         let scope = mm().begin("leaky", 1, 0).unwrap();
         let attached = scope.attach().unwrap();
@@ -731,7 +731,7 @@ fn a_panicking_report_hook_is_caught_and_counted() {
     .is_ok();
     let after = memquota::stats();
     let calls = HOOK_CALLS.load(SeqCst);
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
     println!(
         "  refusals {refused:?} ({} counted), summary returned: {quiet}, leak notice returned: {leak}; \
          hook called {calls} times",

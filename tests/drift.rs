@@ -112,7 +112,7 @@ fn error_bound_holds_between_flushes() {
     const ROUNDS: usize = 40;
     let live_bytes: Arc<Vec<AtomicI64>> = Arc::new((0..THREADS).map(|_| AtomicI64::new(0)).collect());
     let barrier = Arc::new(Barrier::new(THREADS + 1));
-    let threshold = memquota::face::threshold_for(LIMIT);
+    let threshold = memquota::seam::process::threshold_for(LIMIT);
     assert_eq!(memquota::stats().threshold, threshold);
     let handles: Vec<_> = (0..THREADS)
         .map(|i| {

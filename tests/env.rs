@@ -45,7 +45,7 @@ fn child(what: &str) {
 
 fn spawn(what: &str, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    for (var, _) in memquota::face::ENV_VARS {
+    for (var, _) in memquota::seam::process::ENV_VARS {
         cmd.env_remove(var);
     }
     cmd.env(CHILD, what).envs(env.iter().copied());
@@ -67,7 +67,7 @@ fn bad_values_exit_2() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{var}={value}: {err}");
         assert!(out.stdout.is_empty(), "{var}={value}: the program ran unlimited");
-        let forms = memquota::face::ENV_VARS.iter().find(|(v, _)| *v == var).unwrap().1;
+        let forms = memquota::seam::process::ENV_VARS.iter().find(|(v, _)| *v == var).unwrap().1;
         assert!(err.contains(var) && err.contains(value) && err.contains(forms), "{var}={value}: {err}");
         assert_eq!(err.lines().count(), 1, "one clear line: {err}");
     }
@@ -83,7 +83,7 @@ fn good_values_configure() {
     assert_eq!(text.trim(), format!("limit={} soft={} heap=Used", 512u64 << 20, 256u64 << 20));
     // No MEMQUOTA_LIMIT: the machine's limit, never "unlimited".
     let out = spawn("stats", &[]);
-    let expected = format!("limit={} ", memquota::face::memory_limit());
+    let expected = format!("limit={} ", memquota::seam::process::memory_limit());
     assert!(String::from_utf8_lossy(&out.stdout).starts_with(&expected));
 }
 

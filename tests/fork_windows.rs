@@ -8,13 +8,13 @@
 //! A window lasts microseconds and comes once per process, at its first allocations
 //! through memquota. This binary's allocator sends every call straight to jemalloc
 //! until a check turns memquota on, once the threads it needs are running; the test
-//! point `memquota::face::set_window_hook` then parks the thread that enters the
+//! point `memquota::seam::process::set_window_hook` then parks the thread that enters the
 //! window while another thread forks. The forking thread waits for its child with a
 //! deadline and kills it: the check fails, it does not hang.
 
 mod support;
 
-use memquota::face::{set_window_hook, Window};
+use memquota::seam::process::{set_window_hook, Window};
 use memquota::{Config, Jemalloc, QuotaAlloc};
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering::SeqCst};

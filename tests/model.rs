@@ -59,7 +59,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut live: Vec<(*mut u8, usize)> = Vec::new();
     let mut model: u64 = 0;
     // A thread keeps the slack it got at its last flush: the largest since a change.
-    let mut slack = memquota::face::threshold_for(limit);
+    let mut slack = memquota::seam::process::threshold_for(limit);
     // Grants are checked at flushes. A flush adds the pending delta unconditionally
     // (that memory is already taken), so the flushed total may pass the limit by less
     // than the slack, and the next deltas by less than the slack again: usage stays
@@ -117,7 +117,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Limit(room) => {
                 limit = base + model + room as u64 + 1;
                 memquota::set_limit(limit);
-                slack = slack.max(memquota::face::threshold_for(limit));
+                slack = slack.max(memquota::seam::process::threshold_for(limit));
                 ceiling = limit.max(memquota::stats().native);
                 None
             }
@@ -126,7 +126,7 @@ fn check(ops: Vec<Op>) -> Result<(), TestCaseError> {
         if refused_for.is_some() {
             REFUSED.set(true);
         }
-        let reserve = if REFUSED.get() { memquota::face::emergency_reserve_for(limit) } else { 0 };
+        let reserve = if REFUSED.get() { memquota::seam::slow::emergency_reserve_for(limit) } else { 0 };
         // Exact at every step: invariant 2 on one thread.
         prop_assert_eq!(tracked() - base as i64, model as i64, "after {:?}", op);
         // Invariant 3: the unflushed part stays under the slack.

@@ -80,7 +80,7 @@ fn resident_follows_allocated() {
     const LIMIT: u64 = 256 * MIB;
     memquota::init(Config::new().limit(LIMIT)).unwrap();
     assert_eq!(arenas_dirty_decay_ms(), -1, "far from the limit jemalloc does not purge by time");
-    let baseline = memquota::face::process_rss();
+    let baseline = memquota::seam::process::process_rss();
     // A working set of 200 MiB, freed: its pages stay resident, dirty (no purge by
     // time), in this thread's arena (or the huge arena).
     drop(working_set(200 * MIB));
@@ -112,7 +112,7 @@ fn resident_follows_allocated() {
         let s = memquota::stats();
         let pinned = s.jemalloc.unused() - s.jemalloc.dirty.min(s.jemalloc.unused());
         let bound = LIMIT + baseline + pinned + floor;
-        let rss = memquota::face::process_rss();
+        let rss = memquota::seam::process::process_rss();
         if rss <= bound || Instant::now() >= deadline {
             break (rss, bound, s);
         }
@@ -288,7 +288,7 @@ fn sampler_passes(n: u64) {
 /// The purge service's view of the process: native + the resident bytes the budget
 /// does not count, the anonymous RSS past it.
 fn view(s: &memquota::Stats) -> u64 {
-    s.native.max(memquota::face::anon_rss())
+    s.native.max(memquota::seam::process::anon_rss())
 }
 
 fn dirty_pages_use_the_room_under_the_limit() {

@@ -57,8 +57,8 @@ fn a_refused_thread_draws_small_requests_on_the_emergency_reserve() {
             memquota::flush_thread(); // the new limit's slack: 32 KiB is over it
             let first = try_alloc(32 * KIB).is_some();
             let again = try_alloc(32 * KIB);
-            let cap = try_alloc(memquota::face::EMERGENCY_DRAW_MAX);
-            let over_cap = try_alloc(memquota::face::EMERGENCY_DRAW_MAX + 1).is_some();
+            let cap = try_alloc(memquota::seam::slow::EMERGENCY_DRAW_MAX);
+            let over_cap = try_alloc(memquota::seam::slow::EMERGENCY_DRAW_MAX + 1).is_some();
             while let Some(v) = try_alloc(32 * KIB) {
                 drawn.push(v);
             }
@@ -73,7 +73,7 @@ fn a_refused_thread_draws_small_requests_on_the_emergency_reserve() {
     });
     let (first, again, cap, over_cap, drawn, after) = done;
     let limit = after.limit;
-    let reserve = memquota::face::emergency_reserve_for(limit);
+    let reserve = memquota::seam::slow::emergency_reserve_for(limit);
     println!(
         "  limit {}, reserve {}; another thread: 32 KiB {first}, again {again}, 64 KiB {cap}, 64 KiB + 1 \
          {over_cap}, then {drawn} x 32 KiB; {} grants, reserve {} left, native {} (limit + reserve {})",
@@ -89,7 +89,7 @@ fn a_refused_thread_draws_small_requests_on_the_emergency_reserve() {
     assert!(again && cap, "the refused thread draws its small requests on the reserve");
     assert!(!over_cap, "a request over the cap is refused");
     assert_eq!(after.emergency_grants, 2 + drawn, "each draw counted");
-    let spent = 32 * KIB + memquota::face::EMERGENCY_DRAW_MAX + drawn * 32 * KIB;
+    let spent = 32 * KIB + memquota::seam::slow::EMERGENCY_DRAW_MAX + drawn * 32 * KIB;
     assert_eq!(after.emergency_reserve_bytes, reserve - spent, "what is left");
     assert!(after.native <= limit + reserve, "never past limit + reserve: {}", Size(after.native));
     // The draws went on until the reserve or the account's ceiling (which the other

@@ -776,7 +776,7 @@ fn ending_a_scope_wakes_its_blocked_threads_at_once() {
     }
     let before = memquota::stats();
     let ended = Instant::now();
-    memquota::face::end_raw(handle.as_raw()).unwrap();
+    memquota::seam::scopes::end_raw(handle.as_raw()).unwrap();
     let mut results = results_by(&rx, 2, ended + Duration::from_secs(2), "the waiters of an ended scope");
     release.wait();
     holder.join().unwrap();
@@ -859,7 +859,7 @@ fn ending_a_scope_wakes_its_thread_waiting_to_retry() {
     }
     let handle = younger_scope.lock().unwrap().expect("the younger scope began");
     let ended = Instant::now();
-    memquota::face::end_raw(handle).unwrap();
+    memquota::seam::scopes::end_raw(handle).unwrap();
     let results =
         results_by(&rx, 1, ended + Duration::from_secs(2), "the rolled-back thread of an ended scope");
     release.wait();

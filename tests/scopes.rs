@@ -361,7 +361,7 @@ fn spill_order_and_counts() {
         s.end();
     }
     assert!(mm().snapshot().spills >= 6);
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
 }
 
 fn a_spill_callback_must_not_reserve() {
@@ -455,7 +455,7 @@ fn fair_share_with_1_to_8_scopes() {
         }
         first.end();
     }
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
     mm().set_pool(0);
     mm().set_wait(Duration::from_secs(2));
 }
@@ -619,7 +619,7 @@ fn a_guard_dropped_after_the_exit_flush_leaves_no_thread_attached() {
     asker.end();
     s.end();
     mm().set_pool(0);
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
 }
 
 fn a_refused_reservation_never_aborts() {
@@ -635,7 +635,7 @@ fn a_refused_reservation_never_aborts() {
     memquota::set_limit(native() as u64 + MIB);
     let got = scope.reserve(64 * MIB);
     memquota::init(Config::new().limit(1 << 50)).unwrap();
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
     assert!(matches!(got, Err(Error::Refused { .. })), "{got:?}");
     assert_eq!(memquota::stats().ooms, ooms + 2, "both counted and reported");
     scope.end();
@@ -655,7 +655,7 @@ fn partial_grants_for_explicit_reservations() {
     a.end();
     b.end();
     mm().set_pool(0);
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
 }
 
 fn an_engine_pool_reads_the_account_and_grows_unchecked() {
@@ -714,7 +714,7 @@ fn an_engine_pool_reads_the_account_and_grows_unchecked() {
     assert_eq!(h.account(), None, "an ended scope has no account");
     b.end();
     mm().set_pool(0);
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
 }
 
 /// Who shares the pool: a scope counts from its begin (tasks that start together share
@@ -748,7 +748,7 @@ fn a_finished_scope_no_longer_narrows_the_share() {
     done.end();
     b.end();
     mm().set_pool(0);
-    memquota::set_report_hook(memquota::face::write_stderr);
+    memquota::set_report_hook(memquota::seam::text::write_stderr);
 }
 
 /// Memory allocated outside any scope and freed by a scope's thread (in DataFusion,
@@ -845,5 +845,5 @@ fn main() {
             an_engine_pool_reads_the_account_and_grows_unchecked,
         ),
     ]);
-    assert!(memquota::face::OWNED_MIN <= BIG as u64);
+    assert!(memquota::seam::scopes::OWNED_MIN <= BIG as u64);
 }

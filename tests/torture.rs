@@ -446,7 +446,7 @@ impl PhaseResult {
         let allowance = |overcommit: bool| {
             (threads + 1) * threshold
                 + if overcommit { LIMIT / 16 } else { 0 }
-                + memquota::face::emergency_reserve_for(LIMIT)
+                + memquota::seam::slow::emergency_reserve_for(LIMIT)
                 + CALLBACK_HOLDS
         };
         let bound = LIMIT + allowance(plan.refuse_min > 0);

@@ -47,7 +47,7 @@ struct Outcome {
 fn judge(o: Outcome) {
     let s = memquota::stats();
     let threads = o.threads.max(o.samples.max_threads);
-    let reserve = memquota::face::emergency_reserve_for(s.limit);
+    let reserve = memquota::seam::slow::emergency_reserve_for(s.limit);
     let bound = s.limit + (threads + 1) * s.threshold + reserve;
     let secs = o.elapsed.as_secs_f64();
     let full_allowed = 2 + 2 * secs.ceil() as u64;

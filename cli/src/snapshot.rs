@@ -2,7 +2,7 @@
 //! (`memquota::write_prometheus`: the stats file and `GET /metrics`).
 
 use crate::units::bytes;
-use memquota_core::face::{metric, StatsWriter};
+use memquota_core::seam::text::{metric, StatsWriter};
 use prometheus_parse::{Scrape, Value};
 use std::fmt::Write;
 

@@ -39,7 +39,7 @@ pub fn files(source: &str) -> Result<Vec<String>, String> {
 /// Whether the process a snapshot's writer line names still runs (None: no writer line).
 fn running(s: &Snapshot) -> Option<bool> {
     let w = s.writer?;
-    Some(memquota_core::face::running_since(w.pid) == Some(w.start) && w.start != 0)
+    Some(memquota_core::seam::process::running_since(w.pid) == Some(w.start) && w.start != 0)
 }
 
 /// The table: a row per process, then the sums.
@@ -102,7 +102,7 @@ pub fn table(members: &[Member]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memquota_core::face::StatsWriter;
+    use memquota_core::seam::text::StatsWriter;
 
     fn member(pid: u32, native: u64, ooms: u64) -> Member {
         let writer = StatsWriter { pid, start: 0, rss_peak: 10 << 20 };

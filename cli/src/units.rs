@@ -5,18 +5,18 @@ use std::time::Duration;
 /// Checks a `--limit` with the core's `parse_limit`, the parser `MEMQUOTA_LIMIT` goes
 /// through. Returns the text unchanged, for the preload to read.
 pub fn parse_limit(s: &str) -> Result<String, String> {
-    match memquota_core::face::parse_limit(s.trim()) {
+    match memquota_core::seam::process::parse_limit(s.trim()) {
         Some(_) => Ok(s.trim().to_string()),
         None => Err("expected a size above zero (512m, 2g, 1073741824) or a percentage of RAM (75%)".into()),
     }
 }
 
 /// The least interval the preload accepts for `MEMQUOTA_STATS_INTERVAL`.
-pub const MIN_INTERVAL: Duration = memquota_core::face::MIN_STATS_INTERVAL;
+pub const MIN_INTERVAL: Duration = memquota_core::seam::process::MIN_STATS_INTERVAL;
 
 /// `250ms`, `2s` or bare milliseconds (the core's `parse_duration`), at least 10ms.
 pub fn parse_interval(s: &str) -> Result<Duration, String> {
-    match memquota_core::face::parse_duration(s) {
+    match memquota_core::seam::process::parse_duration(s) {
         Some(d) if d >= MIN_INTERVAL => Ok(d),
         _ => Err("expected a duration of at least 10ms (100ms, 2s)".into()),
     }
@@ -24,7 +24,7 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
 
 /// `512 B`, `4.0 KiB`, `12.3 MiB`, `2.0 GiB`: the core's byte format, short form.
 pub fn bytes(b: u64) -> String {
-    format!("{:#}", memquota_core::face::Size(b))
+    format!("{:#}", memquota_core::seam::text::Size(b))
 }
 
 /// Bytes as MiB, for the plot's axis.

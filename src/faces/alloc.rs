@@ -1,10 +1,9 @@
 //! The Rust face: `QuotaAlloc`, a `#[global_allocator]` that charges every
 //! allocation against the budget before the backing allocator sees it.
 
-use crate::arbitration;
-use crate::ledger::tables::OWNED_MIN;
-use crate::ledger::threads::{self, with_rust_local, RUST_FACE};
-use crate::slow_path::charge_slow;
+use crate::seam::hot::{self, with_rust_local, RUST_FACE};
+use crate::seam::scopes::{self, OWNED_MIN};
+use crate::seam::{process, slow::charge_slow};
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemallocator::Jemalloc;
 
@@ -49,14 +48,14 @@ impl<A> QuotaAlloc<A> {
 #[inline(always)]
 fn charge(bytes: usize) -> bool {
     // Layout sizes never exceed isize::MAX, so the casts are exact.
-    with_rust_local(|l| threads::try_charge(l, bytes as u64)) == Some(true)
+    with_rust_local(|l| hot::try_charge(l, bytes as u64)) == Some(true)
         || charge_slow(&RUST_FACE, bytes as i64)
 }
 
 /// Credits `bytes` after memory is given back (or was never taken).
 #[inline(always)]
 fn credit(bytes: usize) {
-    if with_rust_local(|l| threads::try_credit(l, bytes as u64)) != Some(true) {
+    if with_rust_local(|l| hot::try_credit(l, bytes as u64)) != Some(true) {
         charge_slow(&RUST_FACE, -(bytes as i64));
     }
 }
@@ -68,12 +67,12 @@ fn credit(bytes: usize) {
 #[inline(always)]
 fn charged_fast(bytes: usize) -> bool {
     // Layout sizes never exceed isize::MAX, so the casts are exact.
-    with_rust_local(|l| threads::charge_or_miss(l, bytes as u64)) == Some(true)
+    with_rust_local(|l| hot::charge_or_miss(l, bytes as u64)) == Some(true)
 }
 
 /// Takes back the miss a false [`charged_fast`] left recorded.
 fn undo_miss(bytes: usize) {
-    with_rust_local(|l| threads::undo_charge(l, bytes as u64));
+    with_rust_local(|l| hot::undo_charge(l, bytes as u64));
 }
 
 /// Gives the charge of a failed allocation back.
@@ -126,7 +125,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
 
     #[inline]
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if with_rust_local(|l| threads::try_credit(l, layout.size() as u64)) != Some(true) {
+        if with_rust_local(|l| hot::try_credit(l, layout.size() as u64)) != Some(true) {
             // SAFETY: forwarded contract.
             return unsafe { self.dealloc_slow(ptr, layout) };
         }
@@ -157,7 +156,7 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
     unsafe fn dealloc_slow(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded contract.
         unsafe { self.inner.dealloc(ptr, layout) };
-        if !arbitration::note_free(ptr as usize, layout.size() as u64) {
+        if !scopes::note_free(ptr as usize, layout.size() as u64) {
             charge_slow(&RUST_FACE, -(layout.size() as i64));
         }
     }
@@ -173,8 +172,8 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
         undo_miss(layout.size());
         // Every thread's first allocation comes here: the process's first installs the
         // fork handlers and starts the sampler, for a program that never calls `init`.
-        crate::process::fork::install();
-        crate::policy::sampler::ensure_sampling();
+        process::install_fork_handlers();
+        process::ensure_sampling();
         if !charge_slow(&RUST_FACE, layout.size() as i64) {
             return std::ptr::null_mut();
         }
@@ -188,7 +187,7 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
         if p.is_null() {
             credit(layout.size());
         } else {
-            arbitration::note_alloc(&RUST_FACE, p as usize, layout.size() as u64);
+            scopes::note_alloc(&RUST_FACE, p as usize, layout.size() as u64);
         }
         p
     }
@@ -203,20 +202,13 @@ impl<A: GlobalAlloc> QuotaAlloc<A> {
     unsafe fn realloc_big(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old_size = layout.size();
         let Some(had) =
-            arbitration::note_realloc_begin(&RUST_FACE, ptr as usize, old_size as u64, new_size as u64)
+            scopes::note_realloc_begin(&RUST_FACE, ptr as usize, old_size as u64, new_size as u64)
         else {
             return std::ptr::null_mut(); // the move to this thread's scope was refused
         };
         // SAFETY: forwarded contract.
         let p = unsafe { self.realloc_counted(ptr, layout, new_size) };
-        arbitration::note_realloc_end(
-            &RUST_FACE,
-            ptr as usize,
-            p as usize,
-            old_size as u64,
-            new_size as u64,
-            had,
-        );
+        scopes::note_realloc_end(&RUST_FACE, ptr as usize, p as usize, old_size as u64, new_size as u64, had);
         p
     }
 

@@ -26,10 +26,10 @@
 //! Used by the preload's JVMTI agent and by a Rust library loaded into a JVM (call
 //! [`install`] from `JNI_OnLoad`).
 
-use crate::base::stats::HeapBytes;
-use crate::base::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
-use crate::base::text::write_stderr;
-use crate::policy::heap_probe::set_heap_bytes;
+use crate::seam::process;
+use crate::seam::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
+use crate::seam::text::write_stderr;
+use crate::{set_heap_bytes, HeapBytes};
 use jni::objects::{JObject, JString, JValue};
 use jni::{JNIEnv, JavaVM};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -86,20 +86,17 @@ pub fn install(env: &mut JNIEnv) -> crate::Result<()> {
     if INSTALLED.get().is_some() {
         return Ok(());
     }
-    crate::process::rendezvous::check();
-    crate::process::fork::add_face_handlers(crate::process::fork::FaceHandlers {
-        before: before_fork,
-        after: after_fork,
-    });
+    process::check_second_budget();
+    process::add_face_handlers(process::FaceHandlers { before: before_fork, after: after_fork });
     let vm = env.get_java_vm().map_err(jvm_error)?;
     warn_if_cannot_shrink(env);
     let heap = read_heap(env).map_err(jvm_error)?;
     set_heap_bytes(heap);
-    crate::ledger::threads::spawn_service("memquota-jvm", move || drive(vm))
+    process::spawn_service("memquota-jvm", move || drive(vm))
         .map_err(|e| crate::Error::Jvm(format!("cannot start the driver thread: {e}")))?;
     let _ = INSTALLED.set(());
-    crate::base::settings::set_background_interval(BACKGROUND_GAP);
-    crate::policy::reclaim::on_reclaim(request_gc);
+    process::set_background_interval(BACKGROUND_GAP);
+    crate::on_reclaim(request_gc);
     Ok(())
 }
 
@@ -258,8 +255,7 @@ impl Vm for JNIEnv<'_> {
 
     fn footprint(&mut self) -> Option<u64> {
         self.heap()?;
-        let native = crate::ledger::threads::ACCOUNT.native();
-        u64::try_from(native.saturating_add(crate::policy::heap_probe::outside())).ok()
+        u64::try_from(process::native_and_outside()).ok()
     }
 }
 

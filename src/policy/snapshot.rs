@@ -99,3 +99,10 @@ pub fn report_now() -> String {
     let text = report::render_figures(&refusal);
     threads::unpoliced(|| text.as_str().to_owned())
 }
+
+/// What the budget holds: the native account plus what it counts beside it (the heap
+/// figure and, under `Untracked::Count`, the untracked bytes).
+#[cfg_attr(not(feature = "jvm"), allow(dead_code))] // the JVM face's
+pub(crate) fn native_and_outside() -> i64 {
+    crate::ledger::threads::ACCOUNT.native().saturating_add(crate::policy::heap_probe::outside())
+}

@@ -35,6 +35,7 @@ static FACE: OnceLock<FaceHandlers> = OnceLock::new();
 
 /// Registers a face's fork handlers; the first registration wins (there is one face
 /// with handlers, the JVM driver, installed once).
+#[cfg_attr(not(feature = "jvm"), allow(dead_code))] // the JVM face's
 pub(crate) fn add_face_handlers(handlers: FaceHandlers) {
     let _ = FACE.set(handlers);
 }

@@ -11,7 +11,7 @@
 //! panic, a process reclaim callback that does the same, forks (attached to a scope
 //! or under a budget; the child initialises, allocates, runs a retry block and a
 //! budget and ends a scope, within a bound), and scopes ended under their running
-//! and waiting threads (`face::end_raw`, what the C ABI and Java's `scopeEnd` call:
+//! and waiting threads (`seam::scopes::end_raw`, what the C ABI and Java's `scopeEnd` call:
 //! Velox's task abort).
 //!
 //! Every step either completes or fails with memquota's own error, and only with

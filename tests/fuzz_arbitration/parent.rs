@@ -77,7 +77,7 @@ pub fn run_seed(seed: u64) -> (bool, String, String) {
     let exe = std::env::current_exe().expect("own path");
     let mut cmd = Command::new(exe);
     cmd.env(CHILD_VAR, seed.to_string()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (var, _) in memquota::face::ENV_VARS {
+    for (var, _) in memquota::seam::process::ENV_VARS {
         cmd.env_remove(var);
     }
     let child = cmd.spawn().expect("spawn a seed's process");

@@ -680,7 +680,7 @@ pub fn kill_task(ctx: &Ctx<'_>, k: Killer, workers: &[(usize, usize)], barrier: 
         mine.iter().filter(|&&w| waiting_since(w, 20)).map(|&w| (w, REQ_SINCE[w].load(SeqCst))).collect();
     task.ended.store(true, SeqCst);
     let ended_at = Instant::now();
-    let ended = memquota::face::end_raw(task.handle.as_raw()).is_ok();
+    let ended = memquota::seam::scopes::end_raw(task.handle.as_raw()).is_ok();
     // The waiting threads' requests return (their marks change).
     while waiting.iter().any(|&(w, since)| REQ_SINCE[w].load(SeqCst) == since)
         && ended_at.elapsed() < Duration::from_secs(15)

@@ -342,7 +342,7 @@ pub fn run_isolated_with_env(checks: &[Check], budget: Duration) {
         let started = Instant::now();
         let mut cmd = Command::new(&exe);
         cmd.env(CHILD_VAR, name).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        for (var, _) in memquota::face::ENV_VARS {
+        for (var, _) in memquota::seam::process::ENV_VARS {
             cmd.env_remove(var);
         }
         if !env.is_empty() {

@@ -2,7 +2,7 @@
 //! often to write the stats, the limit, and the JVM agent.
 
 use super::RunArgs;
-use memquota_core::face::vars;
+use memquota_core::seam::process::vars;
 use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
