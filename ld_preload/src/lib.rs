@@ -17,18 +17,7 @@
 //! computed (checked against `nallocx` at load) or asked of `nallocx`.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod agent;
 pub mod capi;
-pub mod cxx;
-mod cxx_runtime;
-mod exit_report;
-mod init;
-mod internal;
-pub mod java_api;
-pub mod jemalloc_api;
-mod jvm_gate;
-mod lazy;
+pub mod jvm;
 pub mod malloc;
-mod malloc_conf;
-mod stats_file;
-mod tls;
+mod process;

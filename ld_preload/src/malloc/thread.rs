@@ -125,9 +125,9 @@ pub(crate) static FACE: Face = Face {
     local: local_opt,
     register_exit,
     configure_from_env: false,
-    unseen: crate::lazy::unseen,
-    lazy: crate::lazy::rearm,
-    scopes_began: crate::malloc::scopes_began,
+    unseen: crate::malloc::lazy::unseen,
+    lazy: crate::malloc::lazy::rearm,
+    scopes_began: crate::malloc::charge::scopes_began,
 };
 
 fn local_opt() -> Option<&'static Local> {

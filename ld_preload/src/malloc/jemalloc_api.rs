@@ -22,9 +22,9 @@
 //! A refusal is NULL (`mallocx`, `rallocx`, with `errno` ENOMEM) or no change
 //! (`xallocx`), with the report, like any other.
 
-use crate::lazy;
-use crate::malloc::{alloc_flags, charge, release_by, resize_by, GiveBack, Resize};
-use crate::tls::FACE;
+use crate::malloc::charge::{alloc_flags, charge, release_by, resize_by, GiveBack, Resize};
+use crate::malloc::lazy;
+use crate::malloc::thread::FACE;
 use libc::{c_char, c_int, c_void, size_t};
 use memquota_core::face;
 use tikv_jemalloc_sys as jem;
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     }
     // A resize in place moves jemalloc's total of freed bytes by the old size: credited
     // below (in `now - counted`), not in bulk.
-    let s = crate::tls::slot();
+    let s = crate::malloc::thread::slot();
     // SAFETY: `ptr` is a live jemalloc block, size >= 1, the caller's flags valid (this
     // function's contract).
     let now = lazy::guarded(s, || unsafe { jem::xallocx(ptr, size, extra, flags) });

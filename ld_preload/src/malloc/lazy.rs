@@ -20,8 +20,8 @@
 //!   is created first). Allocations that destructors run between the two make on an
 //!   exiting thread wait for that exit flush, which finds them in the totals.
 
-use crate::malloc::count_in_bulk;
-use crate::tls::{slot, Slot};
+use crate::malloc::charge::count_in_bulk;
+use crate::malloc::thread::{slot, Slot};
 use memquota_core::face::{self, bulk, Lazy};
 
 /// Registers the hook with jemalloc, every half `threshold` bytes allocated and

@@ -4,8 +4,8 @@
 //! Exported with `#[cfg_attr(not(test), no_mangle)]` so this crate's own unit tests
 //! do not interpose themselves.
 
-use crate::lazy;
-use crate::tls::{local, slot, Slot, FACE};
+use crate::malloc::lazy;
+use crate::malloc::thread::{local, slot, Slot, FACE};
 use libc::{c_int, c_void, size_t};
 use memquota_core::face;
 use memquota_core::face::{small_usable, usable, SMALL_MAX};
@@ -73,7 +73,7 @@ pub(crate) fn slow(bytes: i64) -> bool {
     let saved = errno();
     let ok = face::charge_slow(&FACE, bytes);
     if slot().bulk.allocated.get().is_null() {
-        crate::tls::find_totals(); // a thread that could not find them on its first
+        crate::malloc::thread::find_totals(); // a thread that could not find them on its first
     }
     set_errno(saved);
     ok

@@ -1,0 +1,5 @@
+//! The JVM face.
+
+pub mod agent;
+mod gate;
+pub mod natives;
