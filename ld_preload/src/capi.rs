@@ -1,6 +1,7 @@
 //! The `memquota_*` C ABI, declared in `include/memquota.h`.
 
-use crate::malloc::thread::{self, FACE};
+use crate::malloc::charge::FACE;
+use crate::malloc::thread;
 use libc::{c_char, c_int, c_void, size_t};
 use memquota_core::face::{self, Rollback, SliceWriter};
 use memquota_core::{Error, HeapBytes};

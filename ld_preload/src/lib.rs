@@ -15,6 +15,18 @@
 //! filled at load (checked against `nallocx`), before memory is taken; neither costs a size
 //! lookup. Larger requests are charged before memory is taken, with the size class
 //! computed (checked against `nallocx` at load) or asked of `nallocx`.
+//!
+//! One folder per face, and the services they share:
+//!
+//! | path | face | uses |
+//! | --- | --- | --- |
+//! | `jvm/` | the JVM: the JVMTI agent, the `Unsafe` gates, `org.memquota.MemQuota`'s natives | `capi`, `process`, `malloc` |
+//! | `capi.rs` | the `memquota_*` C ABI of `include/memquota.h` | `malloc` |
+//! | `process/` | process services: load time, fork, the exit summary, the stats file, `MALLOC_CONF`, the library's own allocations | `malloc` |
+//! | `malloc/` | the malloc family, C++ `new`/`delete`, jemalloc's API; the per-thread slot, the charging code and the `FACE` table every face charges through | nothing of this crate |
+//!
+//! Imports go down the table, never up: faces -> process services -> malloc's
+//! primitives. No module imports one that imports it back.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod capi;

@@ -2,7 +2,7 @@
 
 #![allow(non_snake_case)] // JNI names the functions after the Java class.
 
-use crate::malloc::thread::FACE;
+use crate::malloc::charge::FACE;
 use jni::objects::{JClass, JString};
 use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::JNIEnv;

@@ -22,9 +22,8 @@
 //! A refusal is NULL (`mallocx`, `rallocx`, with `errno` ENOMEM) or no change
 //! (`xallocx`), with the report, like any other.
 
-use crate::malloc::charge::{alloc_flags, charge, release_by, resize_by, GiveBack, Resize};
+use crate::malloc::charge::{alloc_flags, catch_up, charge, release_by, resize_by, GiveBack, Resize, FACE};
 use crate::malloc::lazy;
-use crate::malloc::thread::FACE;
 use libc::{c_char, c_int, c_void, size_t};
 use memquota_core::face;
 use tikv_jemalloc_sys as jem;
@@ -112,7 +111,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     if big {
         face::note_realloc_end(&FACE, ptr as usize, ptr as usize, old as u64, now as u64, had);
     }
-    lazy::catch_up(s);
+    catch_up(s);
     now
 }
 

@@ -2,7 +2,7 @@
 //! fork handler, the stats file and the exit report (`exit_report.rs` decides which
 //! process prints it).
 
-use crate::malloc::thread::FACE;
+use crate::malloc::charge::FACE;
 use crate::process::exit_report::{self, Report};
 use crate::process::stats_file::{self, When};
 use memquota_core::{face, Config, Stats};
@@ -69,7 +69,7 @@ extern "C" fn on_load() {
     let metrics = config.take_metrics_addr();
     face::adopt(&FACE);
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
-    crate::malloc::lazy::register(face::threshold_for(memquota_core::process_account().limit));
+    crate::malloc::charge::register(face::threshold_for(memquota_core::process_account().limit));
     if let Some(addr) = metrics {
         // Children inherit the variable with LD_PRELOAD, and the first process holds
         // the port: a failed bind is a warning, not a reason to stop the program.

@@ -3,7 +3,7 @@
 //! `malloc`: counted with no policy, so they can neither be refused nor start a
 //! reclaim, wherever they happen.
 
-use crate::malloc::thread::FACE;
+use crate::malloc::charge::FACE;
 use memquota_core::face;
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemalloc_sys as jem;
@@ -39,7 +39,7 @@ unsafe impl GlobalAlloc for Internal {
             // gives the usable size just allocated.
             face::record(&FACE, unsafe { jem::nallocx(layout.size(), f) } as i64);
         }
-        crate::malloc::lazy::catch_up(s);
+        crate::malloc::charge::catch_up(s);
         p.cast()
     }
 
@@ -57,6 +57,6 @@ unsafe impl GlobalAlloc for Internal {
         // contract), so from mallocx with this size and these flags.
         crate::malloc::lazy::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
         face::record(&FACE, -(usable as i64));
-        crate::malloc::lazy::catch_up(s);
+        crate::malloc::charge::catch_up(s);
     }
 }
