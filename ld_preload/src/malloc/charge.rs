@@ -134,10 +134,10 @@ const CHARGE_AFTER_MAX: usize = 4096;
 /// that is not lazy, charged before memory is taken (`extern "C"`, like the other cold
 /// exits of `malloc`, so that it cannot unwind; `malloc` reaches it by a jump). The
 /// usable size of a small one is one table load, and only the call to jemalloc needs a
-/// stack frame (to keep the size for a refund if jemalloc fails): reading jemalloc's
-/// per-thread total before and after the call kept the thread's slot, the total's address
-/// and its old value across the call, three registers saved and restored per call. Every
-/// other way out is a tail call. The call to jemalloc needs no guard: only a slow path
+/// stack frame (to keep the size for a refund if jemalloc fails), where reading
+/// jemalloc's per-thread total before and after the call would keep the thread's slot,
+/// the total's address and its old value across it. Every other way out is a tail
+/// call. The call to jemalloc needs no guard: only a slow path
 /// makes a thread lazy, and the charge leaves by [`missed`] for it.
 #[inline(never)]
 pub(crate) extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
@@ -355,7 +355,7 @@ impl GiveBack {
 /// Where a lazy thread's `free` goes: jemalloc's `free` (credited in bulk later,
 /// `lazy.rs`) until the first scope begins, [`free_guarded`] from then on
 /// ([`scopes_began`]). One indirect jump through it is the lazy `free`'s test for
-/// scopes: it replaced a compare of the scopes flag and a branch.
+/// scopes, with no compare of the scopes flag and no branch.
 pub(crate) static LAZY_FREE: AtomicPtr<()> = AtomicPtr::new(jem::free as *mut ());
 
 /// The face's [`Face::scopes_began`](face::Face::scopes_began): big blocks get owner

@@ -21,14 +21,14 @@ const PAGE: usize = 4096;
 /// Where the thread's [`face::Bulk::lazy_below`] sits in its slot, for the entries below.
 const LAZY_BELOW: usize = std::mem::offset_of!(Slot, bulk) + std::mem::offset_of!(face::Bulk, lazy_below);
 
-/// The code of `malloc`: under [`SMALL_MAX`] on a lazy thread, a jump into jemalloc,
+/// The code of `malloc`: under [`face::SMALL_MAX`] on a lazy thread, a jump into jemalloc,
 /// charged in bulk later (`lazy.rs`); otherwise counted, out of line
 /// ([`alloc_counted`]). Four instructions, every way out a direct jump, no stack
-/// frame. Written out because the compiler's version took seven and reached jemalloc
-/// through the GOT: it compared the size with [`SMALL_MAX`] and then tested the lazy
-/// flag, where one compare with [`face::Bulk::lazy_below`] does both; it computed the
-/// slot's address (thread pointer plus the GOT's offset) to read one field of it,
-/// where the initial-exec sequence reads the field at the offset itself
+/// frame. Written out because the compiler cannot do the same (its count:
+/// docs/benchmarks.md, session 10): it compares the size with [`face::SMALL_MAX`] and then
+/// tests the lazy flag, where one compare with [`face::Bulk::lazy_below`] does both;
+/// it computes the slot's address (thread pointer plus the GOT's offset) to read one
+/// field of it, where the initial-exec sequence reads the field at the offset itself
 /// (`fs:[offset + field]`); and a call to a C function goes through the GOT unless
 /// the linker may relax the load, which Rust's relocations do not allow.
 ///
@@ -105,7 +105,7 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     unsafe { resize_by(p, n, Resize::Realloc) }
 }
 
-/// `calloc`: under [`SMALL_MAX`] bytes on a lazy thread, like `malloc`'s
+/// `calloc`: under [`face::SMALL_MAX`] bytes on a lazy thread, like `malloc`'s
 /// ([`malloc_code`]) a tail call into jemalloc, charged in bulk later (`lazy.rs`);
 /// otherwise counted, out of line. No stack frame.
 #[inline(always)]
@@ -150,9 +150,9 @@ macro_rules! export {
 
 /// The entries whose whole body is [`malloc_code`] or [`free_code`]: each its own
 /// copy, so that a call reaches jemalloc with no jump of memquota's between, and
-/// each at the start of a 64-byte line. Where they start in a line moved the
-/// small-object benchmark by 7-15% at the same instruction count (docs/benchmarks.md,
-/// "Code placement"), and function alignment (`.cargo/config.toml`) does not reach
+/// each at the start of a 64-byte line. Where they start in a line moves the
+/// small-object benchmark at the same instruction count (docs/benchmarks.md, "Code
+/// placement"), and function alignment (`.cargo/config.toml`) does not reach
 /// code written in assembly: each entry's section holds the alignment beside the
 /// code, which sits at the section's start. `tests/preload.rs` checks where they
 /// start.
