@@ -5,10 +5,10 @@
 //! ...) for programs linked with jemalloc, C++ `operator new`/`delete`, and the
 //! `memquota_*` C ABI of `include/memquota.h`. The quota engine is the `memquota`
 //! library's; this crate only translates. jemalloc takes its options from
-//! `MALLOC_CONF` as well as its own `_RJEM_MALLOC_CONF` (`malloc_conf.rs`).
+//! `MALLOC_CONF` as well as its own `_RJEM_MALLOC_CONF` (`process/malloc_conf.rs`).
 //!
 //! Accounting is in jemalloc's usable sizes, taken from jemalloc's per-thread totals
-//! of bytes allocated and freed. On a lazy thread (`lazy.rs`) `free` and `malloc`
+//! of bytes allocated and freed. On a lazy thread (`malloc/lazy.rs`) `free` and `malloc`
 //! under 4 KiB are tail calls into jemalloc, counted in bulk from jemalloc's event
 //! hook and at every flush. Elsewhere `free(p)` credits what the freed total moved by
 //! across the call, and `malloc(n)` under 4 KiB charges a size class from a table

@@ -7,7 +7,7 @@
 //!   workers, the VM thread, compilers, class loading) are counted but never wait and
 //!   are never refused, since a failed one kills the JVM; the gate is
 //!   `Unsafe.allocateMemory` (direct buffers, Spark's off-heap pages), see
-//!   `jvm_gate.rs`;
+//!   `gate.rs`;
 //! * hands the JVM to [`memquota_core::jvm::install`] at VM start (heap figures and
 //!   the GC as the reclaim), and tells it of every finished GC.
 //!
