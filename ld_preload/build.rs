@@ -1,6 +1,6 @@
 //! Links `libmemquota.so` so that jemalloc's read of its configuration variable
-//! goes through `malloc_conf.rs` first (`MALLOC_CONF` is honoured there): the one
-//! moment jemalloc reads its options, whichever call started it.
+//! goes through `src/process/malloc_conf.rs` first (`MALLOC_CONF` is honoured there):
+//! the one moment jemalloc reads its options, whichever call started it.
 
 fn main() {
     // Every reference to secure_getenv in the link, which is jemalloc's only (Rust's

@@ -1,6 +1,7 @@
 //! The `memquota_*` C ABI, declared in `include/memquota.h`.
 
-use crate::tls::{self, FACE};
+use crate::malloc::charge::FACE;
+use crate::malloc::thread;
 use libc::{c_char, c_int, c_void, size_t};
 use memquota_core::face::{self, Rollback, SliceWriter};
 use memquota_core::{Error, HeapBytes};
@@ -266,10 +267,10 @@ pub const MEMQUOTA_REFUSAL_SCOPE_ENDED: c_int = 3;
 /// Begins a retry block on the calling thread: attaches it to `scope` (until the
 /// block ends) and enters the retry machine; blocks nest. Returns 0, `-EINVAL` (scope
 /// not running), or `-EOVERFLOW` (blocks nested deeper than
-/// [`tls::RETRY_MAX_DEPTH`]).
+/// [`thread::RETRY_MAX_DEPTH`]).
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_retry_begin(scope: u64) -> c_int {
-    let nest = &tls::slot().retry;
+    let nest = &thread::slot().retry;
     if nest.full() {
         return -libc::EOVERFLOW;
     }
@@ -286,7 +287,7 @@ pub extern "C" fn memquota_retry_begin(scope: u64) -> c_int {
 /// attached to when the block began. Returns 0, or `-EPERM` if it is in none.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_retry_end() -> c_int {
-    match tls::slot().retry.pop() {
+    match thread::slot().retry.pop() {
         Some(prev) => {
             face::retry_end_raw(&FACE, prev);
             0
@@ -304,7 +305,7 @@ pub extern "C" fn memquota_retry_end() -> c_int {
 /// is in no retry block.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_retry_block() -> c_int {
-    if !tls::slot().retry.inside() {
+    if !thread::slot().retry.inside() {
         return -libc::EPERM;
     }
     match face::retry_block_raw(&FACE) {
@@ -320,7 +321,7 @@ pub extern "C" fn memquota_retry_block() -> c_int {
 /// in no retry block.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_last_refusal() -> c_int {
-    if !tls::slot().retry.inside() {
+    if !thread::slot().retry.inside() {
         return -libc::EPERM;
     }
     match face::last_refusal_raw(&FACE) {

@@ -197,7 +197,7 @@ fn an_explicit_refuse_min_of_zero_means_zero_from_the_option_or_the_environment(
 }
 
 /// Issue 10, the gate overshoot. **Fails until the gate reserves what it admits**:
-/// today `Unsafe.allocateMemory`'s gate (`ld_preload/src/jvm_gate.rs`, through
+/// today `Unsafe.allocateMemory`'s gate (`ld_preload/src/jvm/gate.rs`, through
 /// `make_room` in `src/engine.rs`) checks that a request fits and reserves nothing,
 /// so threads that pass the check before any of them has malloc'ed all get in. Each
 /// round, 8 threads released by a barrier ask for 96 MiB each under a limit that, once

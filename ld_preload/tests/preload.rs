@@ -170,8 +170,8 @@ fn unwind_ranges() -> Vec<std::ops::Range<u64>> {
 
 /// A profiler that samples a PC inside a function with no unwind info, or a
 /// `backtrace()` from a signal handler that lands there, stops at it. malloc and free
-/// are written in assembly (`malloc.rs`), where the compiler adds none by itself:
-/// every exported function's code must lie inside one FDE.
+/// are written in assembly (`src/malloc/exports.rs`), where the compiler adds none by
+/// itself: every exported function's code must lie inside one FDE.
 #[test]
 fn every_exported_function_has_unwind_info() {
     let fdes = unwind_ranges();
@@ -206,7 +206,7 @@ fn backtrace_from_a_signal_handler_inside_malloc_and_free_reaches_their_caller()
 /// Where `malloc` and `free` start in a cache line moved the small-object benchmark
 /// by 7-15% at the same instruction count (docs/benchmarks.md, "Code placement").
 /// Their assembly is placed by a section of its own per entry that memquota aligns
-/// (`malloc.rs`); this fails if a build puts the alignment and the code apart.
+/// (`src/malloc/exports.rs`); this fails if a build puts the alignment and the code apart.
 #[test]
 fn malloc_and_free_start_on_a_cache_line() {
     let at = entry_addresses();

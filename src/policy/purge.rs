@@ -94,7 +94,7 @@ const PURGING_OPTIONS: [&str; 3] = ["dirty_decay_ms", "muzzy_decay_ms", "backgro
 const SHARED_LARGE_ARENA: &str = "oversize_threshold:1048576";
 
 /// The jemalloc option the preload puts in front of jemalloc's options strings when it
-/// starts (`ld_preload/src/malloc_conf.rs`; the Rust face's jemalloc has started before
+/// starts (`ld_preload/src/process/malloc_conf.rs`; the Rust face's jemalloc has started before
 /// memquota can say anything): blocks of 1 MiB and more share one arena, so that a
 /// block one thread frees is a dirty page any thread can use again. Under a tight
 /// budget the service purges what passes the limit; with each thread's large blocks
@@ -450,7 +450,7 @@ fn users_own_purging() -> bool {
 
 /// jemalloc's options strings: built in (`config.malloc_conf`), the program's
 /// `_rjem_malloc_conf`, and the variables (the preload hands jemalloc `MALLOC_CONF`
-/// too, `ld_preload/src/malloc_conf.rs`).
+/// too, `ld_preload/src/process/malloc_conf.rs`).
 fn options_strings() -> Vec<String> {
     let mut found = Vec::new();
     // SAFETY: `config.malloc_conf` is a `const char *`, a NUL-terminated string.

@@ -1,5 +1,5 @@
 /* Run under LD_PRELOAD=libmemquota.so MEMQUOTA_LIMIT=1g by ld_preload/tests/preload.rs:
- * frees and small mallocs counted in bulk (ld_preload/src/lazy.rs). A thread is lazy
+ * frees and small mallocs counted in bulk (ld_preload/src/malloc/lazy.rs). A thread is lazy
  * (its frees and its mallocs under 4 KiB are tail calls into jemalloc, counted every
  * interval by jemalloc's hook and at each flush) once it is loose and jemalloc's hook
  * has fired on it; each mode first makes its threads lazy and checks that they are

@@ -1,28 +1,42 @@
-//! The malloc family, over jemalloc's prefixed functions, each charged in usable
-//! bytes before memory is taken and credited after it is given back.
+//! How the malloc family charges: the counted paths the entry points of
+//! `exports.rs` leave for (a small `malloc` on a thread that is not lazy, a big one, a
+//! counted `free`), the primitives jemalloc's API, the C++ operators and the library's
+//! own allocations use, each charging usable bytes before memory is taken and crediting
+//! them after it is given back, and the preload's [`FACE`] for the shared slow path.
 //!
-//! Exported with `#[cfg_attr(not(test), no_mangle)]` so this crate's own unit tests
-//! do not interpose themselves.
+//! The table, the slow path and the counted `free` are one knot of calls, kept in one
+//! module: the table's `scopes_began` points lazy frees at [`free_guarded`], whose
+//! credit may take the slow path, which goes through the table. Under it sit the
+//! thread's slot (`thread.rs`) and the bulk guards (`lazy.rs`); over it the exported
+//! symbols, jemalloc's API, the C++ operators, and the other faces.
 
-use crate::lazy;
-use crate::tls::{local, slot, Slot, FACE};
+use crate::malloc::lazy;
+use crate::malloc::thread::{self, local, local_opt, register_exit, slot, Slot};
 use libc::{c_int, c_void, size_t};
-use memquota_core::face;
+use memquota_core::face::{self, bulk, Face};
 use memquota_core::face::{small_usable, usable, SMALL_MAX};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tikv_jemalloc_sys as jem;
 
-const PAGE: usize = 4096;
+/// The preload's face for the shared slow path.
+pub(crate) static FACE: Face = Face {
+    local: local_opt,
+    register_exit,
+    configure_from_env: false,
+    unseen: lazy::unseen,
+    lazy: lazy::rearm,
+    scopes_began,
+};
 
-fn errno() -> c_int {
+pub(crate) fn errno() -> c_int {
     // SAFETY: __errno_location has no preconditions.
     let e = unsafe { libc::__errno_location() };
     // SAFETY: it points to this thread's errno, valid and aligned while the thread lives.
     unsafe { *e }
 }
 
-fn set_errno(e: c_int) {
+pub(crate) fn set_errno(e: c_int) {
     // SAFETY: __errno_location has no preconditions.
     let p = unsafe { libc::__errno_location() };
     // SAFETY: it points to this thread's errno, valid and aligned while the thread
@@ -65,6 +79,32 @@ fn taken_slow(bytes: usize) {
     set_errno(saved);
 }
 
+// What a lazy thread's calls took and gave back (`lazy.rs`) reaches the ledger
+// through [`count_in_bulk`]: from jemalloc's hook, and after every guarded call.
+
+/// Registers the hook with jemalloc, every half `threshold` bytes allocated and
+/// freed. From the constructor, once jemalloc's control tree is set up.
+pub(crate) fn register(threshold: u64) {
+    bulk::register(&slot().bulk, threshold / 2, on_event);
+}
+
+/// jemalloc's per-thread event (see [`bulk::on_event`]).
+extern "C" fn on_event(_is_alloc: bool, _allocated: u64, _deallocated: u64) {
+    bulk::on_event(&slot().bulk, count_in_bulk);
+}
+
+/// [`bulk::deferred`] on the thread's slot.
+#[inline(always)]
+pub(crate) fn deferred<R>(s: &Slot, call: impl FnOnce() -> R) -> R {
+    bulk::deferred(&s.bulk, count_in_bulk, call)
+}
+
+/// [`bulk::catch_up`] on the thread's slot.
+#[inline(always)]
+pub(crate) fn catch_up(s: &Slot) {
+    bulk::catch_up(&s.bulk, count_in_bulk);
+}
+
 /// The shared slow path, keeping errno: `free` must not change it, and a granted
 /// `malloc` has no business changing it either.
 #[cold]
@@ -73,13 +113,13 @@ pub(crate) fn slow(bytes: i64) -> bool {
     let saved = errno();
     let ok = face::charge_slow(&FACE, bytes);
     if slot().bulk.allocated.get().is_null() {
-        crate::tls::find_totals(); // a thread that could not find them on its first
+        thread::find_totals(); // a thread that could not find them on its first
     }
     set_errno(saved);
     ok
 }
 
-fn enomem() -> *mut c_void {
+pub(crate) fn enomem() -> *mut c_void {
     set_errno(libc::ENOMEM);
     null_mut()
 }
@@ -90,51 +130,17 @@ fn enomem() -> *mut c_void {
 /// call. Larger ones are charged before memory is taken.
 const CHARGE_AFTER_MAX: usize = 4096;
 
-/// Where the thread's [`face::Bulk::lazy_below`] sits in its slot, for the entries below.
-const LAZY_BELOW: usize = std::mem::offset_of!(Slot, bulk) + std::mem::offset_of!(face::Bulk, lazy_below);
-
-/// The code of `malloc`: under [`SMALL_MAX`] on a lazy thread, a jump into jemalloc,
-/// charged in bulk later (`lazy.rs`); otherwise counted, out of line
-/// ([`alloc_counted`]). Four instructions, every way out a direct jump, no stack
-/// frame. Written out because the compiler's version took seven and reached jemalloc
-/// through the GOT: it compared the size with [`SMALL_MAX`] and then tested the lazy
-/// flag, where one compare with [`face::Bulk::lazy_below`] does both; it computed the
-/// slot's address (thread pointer plus the GOT's offset) to read one field of it,
-/// where the initial-exec sequence reads the field at the offset itself
-/// (`fs:[offset + field]`); and a call to a C function goes through the GOT unless
-/// the linker may relax the load, which Rust's relocations do not allow.
-///
-/// The compiler gives naked code no unwind info, and a profiler or a `backtrace()`
-/// from a signal handler stops at a PC it cannot unwind: `.cfi_startproc` gives the
-/// code an FDE. The code never moves the stack, so the CIE's rule (the return address
-/// on top of it) holds at every instruction and the FDE needs no rule of its own.
-macro_rules! malloc_code {
-    () => {
-        std::arch::naked_asm!(
-            ".cfi_startproc",
-            "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
-            "cmp rdi, qword ptr fs:[rax + {lazy_below}]",
-            "jae {counted}",
-            "jmp {jemalloc}",
-            ".cfi_endproc",
-            lazy_below = const LAZY_BELOW,
-            counted = sym alloc_counted,
-            jemalloc = sym jem::malloc,
-        )
-    };
-}
-
 /// A `malloc` that is not lazy: a big one ([`charge_first`]), or a small one on a thread
 /// that is not lazy, charged before memory is taken (`extern "C"`, like the other cold
 /// exits of `malloc`, so that it cannot unwind; `malloc` reaches it by a jump). The
 /// usable size of a small one is one table load, and only the call to jemalloc needs a
-/// stack frame (to keep the size for a refund if jemalloc fails): reading jemalloc's
-/// per-thread total before and after the call kept the thread's slot, the total's address
-/// and its old value across the call, three registers saved and restored per call. Every
-/// other way out is a tail call. The call to jemalloc needs no guard: only a slow path
+/// stack frame (to keep the size for a refund if jemalloc fails), where reading
+/// jemalloc's per-thread total before and after the call would keep the thread's slot,
+/// the total's address and its old value across it. Every other way out is a tail
+/// call. The call to jemalloc needs no guard: only a slow path
 /// makes a thread lazy, and the charge leaves by [`missed`] for it.
 #[inline(never)]
-extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
+pub(crate) extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
     if n >= SMALL_MAX {
         return charge_first(n);
     }
@@ -216,11 +222,11 @@ unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> 
         (p, (unsafe { total.read_volatile() }).wrapping_sub(before) as usize)
     });
     if p.is_null() {
-        lazy::catch_up(s);
+        catch_up(s);
         return enomem();
     }
     if face::try_charge(&s.local, size as u64) || slow(size as i64) {
-        lazy::catch_up(s);
+        catch_up(s);
         return p;
     }
     // Refused: give the few bytes back uncounted (they were never charged), outside
@@ -228,7 +234,7 @@ unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> 
     // SAFETY: `p` is the live block just allocated with these flags, `size` its usable
     // size.
     lazy::guarded(s, || unsafe { jem::sdallocx(p, size, flags) });
-    lazy::catch_up(s);
+    catch_up(s);
     enomem()
 }
 
@@ -263,7 +269,7 @@ pub(crate) fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c
 fn taken(take: impl FnOnce() -> *mut c_void) -> *mut c_void {
     let s = slot();
     let p = lazy::guarded(s, take);
-    lazy::catch_up(s);
+    catch_up(s);
     p
 }
 
@@ -306,7 +312,7 @@ fn credit_freed_slow(size: usize) {
 }
 
 /// Allocates with an alignment that is a power of two.
-fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
+pub(crate) fn alloc_aligned(align: usize, n: size_t) -> *mut c_void {
     let flags = align.trailing_zeros() as c_int; // MALLOCX_ALIGN(align)
     let n = n.max(1);
     // SAFETY: nallocx has no preconditions.
@@ -349,8 +355,8 @@ impl GiveBack {
 /// Where a lazy thread's `free` goes: jemalloc's `free` (credited in bulk later,
 /// `lazy.rs`) until the first scope begins, [`free_guarded`] from then on
 /// ([`scopes_began`]). One indirect jump through it is the lazy `free`'s test for
-/// scopes: it replaced a compare of the scopes flag and a branch.
-static LAZY_FREE: AtomicPtr<()> = AtomicPtr::new(jem::free as *mut ());
+/// scopes, with no compare of the scopes flag and no branch.
+pub(crate) static LAZY_FREE: AtomicPtr<()> = AtomicPtr::new(jem::free as *mut ());
 
 /// The face's [`Face::scopes_began`](face::Face::scopes_began): big blocks get owner
 /// records from now on, so a lazy `free` looks its block's owner up. Stored before
@@ -364,26 +370,6 @@ pub(crate) fn scopes_began() {
     }
 }
 
-/// The code of `free`: while the thread's frees are lazy, a jump to [`LAZY_FREE`]
-/// (jemalloc, which takes null too, until a scope begins); otherwise counted, out of
-/// line. Four instructions, no stack frame, an FDE; written out for the reasons
-/// given at [`malloc_code`].
-macro_rules! free_code {
-    () => {
-        std::arch::naked_asm!(
-            ".cfi_startproc",
-            "mov rax, qword ptr [rip + memquota_preload_local@GOTTPOFF]",
-            "cmp qword ptr fs:[rax + {lazy_below}], 0",
-            "je {counted}",
-            "jmp qword ptr [rip + {lazy_free}]",
-            ".cfi_endproc",
-            lazy_below = const LAZY_BELOW,
-            counted = sym free_counted,
-            lazy_free = sym LAZY_FREE,
-        )
-    };
-}
-
 /// `free` on a thread whose frees are not lazy, out of line so that the lazy `free`
 /// needs no stack frame: its caller reaches it by a jump (`extern "C"`, so it cannot
 /// unwind and the caller needs no landing pad).
@@ -393,7 +379,7 @@ macro_rules! free_code {
 /// allocator (from the malloc family or C++ `new`) not given back since; it is not
 /// used after.
 #[inline(never)]
-unsafe extern "C" fn free_counted(p: *mut c_void) {
+pub(crate) unsafe extern "C" fn free_counted(p: *mut c_void) {
     // SAFETY: this function's contract is release_counted's for `free`; the slot is
     // this thread's.
     unsafe { release_counted::<false>(slot(), p, GiveBack::Free) }
@@ -481,41 +467,8 @@ unsafe fn release_counted<const LAZY: bool>(s: &Slot, p: *mut c_void, how: GiveB
     };
     credit_freed(s, size);
     if LAZY {
-        lazy::catch_up(s);
+        catch_up(s);
     }
-}
-
-/// `realloc`.
-///
-/// # Safety
-/// `p` is null, or a live block of this allocator (from the malloc family or C++
-/// `new`) not given back since. Unless this returns null with `n > 0` (`p` then
-/// stays live), `p` is given back and not used after.
-unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
-    if p.is_null() {
-        // SAFETY: no precondition.
-        return unsafe { alloc(n) };
-    }
-    if n == 0 {
-        // SAFETY: `p` is non-null here, so a live block of this allocator (this
-        // function's contract); a realloc to 0 gives it back, so it is not used after.
-        unsafe { release(p) }; // glibc: realloc(p, 0) frees p and returns NULL
-        return null_mut();
-    }
-    let s = slot();
-    if (n as u64) < s.bulk.lazy_below.get() && !face::scopes_used() {
-        // Under SMALL_MAX on a lazy thread, before any scope (as for `free`: an owner
-        // record must be found): counted in bulk (`lazy.rs`), with the hook put off
-        // until both totals have moved. Moved or in place, jemalloc adds the block's
-        // new usable size to the thread's total of allocated bytes and its old one to
-        // the freed total, so the new size waits within the lead, like a lazy
-        // `malloc`'s, and the old within the lag, like a lazy `free`'s.
-        // SAFETY: `p` is non-null here, so a live jemalloc block (this function's
-        // contract), n >= 1.
-        return lazy::deferred(s, || unsafe { jem::realloc(p, n) });
-    }
-    // SAFETY: `p` is non-null and `n` non-zero here; the rest is this function's contract.
-    unsafe { resize_by(p, n, Resize::Realloc) }
 }
 
 /// The jemalloc call that moves a block.
@@ -599,7 +552,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
         if had {
             face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
         }
-        lazy::catch_up(s);
+        catch_up(s);
         return enomem();
     }
     // What is counted now is `old + grow`; make it exactly what jemalloc holds.
@@ -618,361 +571,18 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     if big {
         face::note_realloc_end(&FACE, p as usize, q as usize, old as u64, now as u64, had);
     }
-    lazy::catch_up(s);
+    catch_up(s);
     q
-}
-
-/// `calloc`: under [`SMALL_MAX`] bytes on a lazy thread, like `malloc`'s
-/// ([`malloc_code`]) a tail call into jemalloc, charged in bulk later (`lazy.rs`);
-/// otherwise counted, out of line. No stack frame.
-#[inline(always)]
-fn zeroed(count: size_t, size: size_t) -> *mut c_void {
-    if let Some(total) = count.checked_mul(size) {
-        if (total as u64) < slot().bulk.lazy_below.get() {
-            // SAFETY: plain jemalloc calloc of a product that does not overflow.
-            return unsafe { jem::calloc(count, size) };
-        }
-    }
-    zeroed_counted(count, size)
 }
 
 /// A `calloc` that is not lazy, charged before memory is taken (`extern "C"`, like
 /// the cold exits of `malloc`, so that it cannot unwind and `calloc` reaches it by a
 /// jump).
 #[inline(never)]
-extern "C" fn zeroed_counted(count: size_t, size: size_t) -> *mut c_void {
+pub(crate) extern "C" fn zeroed_counted(count: size_t, size: size_t) -> *mut c_void {
     let Some(total) = count.checked_mul(size) else {
         return enomem();
     };
     // SAFETY: plain jemalloc calloc of a product that does not overflow.
     charged(usable(total), || unsafe { jem::calloc(count, size) })
-}
-
-/// glibc's `memalign`: an alignment that is not a power of two is rounded up.
-fn memalign_glibc(align: size_t, n: size_t) -> *mut c_void {
-    let align = align.max(1);
-    if align > usize::MAX / 2 + 1 {
-        set_errno(libc::EINVAL);
-        return null_mut();
-    }
-    alloc_aligned(align.next_power_of_two(), n)
-}
-
-fn pvalloc_pages(n: size_t) -> *mut c_void {
-    let Some(rounded) = n.max(1).checked_add(PAGE - 1) else {
-        return enomem();
-    };
-    alloc_aligned(PAGE, rounded & !(PAGE - 1))
-}
-
-/// Each entry states its own `# Safety`: the contract its callers rely on, and that
-/// the SAFETY comments in its body cite.
-macro_rules! export {
-    ($( $(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $body:expr; )*) => {$(
-        $(#[$doc])*
-        #[cfg_attr(not(test), no_mangle)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-            $body
-        }
-    )*};
-}
-
-/// The entries whose whole body is [`malloc_code`] or [`free_code`]: each its own
-/// copy, so that a call reaches jemalloc with no jump of memquota's between, and
-/// each at the start of a 64-byte line. Where they start in a line moved the
-/// small-object benchmark by 7-15% at the same instruction count (docs/benchmarks.md,
-/// "Code placement"), and function alignment (`.cargo/config.toml`) does not reach
-/// code written in assembly: each entry's section holds the alignment beside the
-/// code, which sits at the section's start. `tests/preload.rs` checks where they
-/// start.
-macro_rules! naked_entries {
-    ($( $(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $code:ident; )*) => {$(
-        $(#[$attr])*
-        #[unsafe(naked)]
-        #[link_section = concat!(".text.memquota.", stringify!($name))]
-        $vis unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
-            $code!()
-        }
-        std::arch::global_asm!(concat!(
-            ".pushsection .text.memquota.", stringify!($name), ",\"ax\",@progbits\n",
-            ".balign 64\n",
-            ".popsection",
-        ));
-    )*};
-}
-
-naked_entries! {
-    /// `malloc` for the library's own callers.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    pub(crate) fn alloc(_n: size_t) -> *mut c_void = malloc_code;
-    /// `free` for the library's own callers.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator (from the malloc family or C++
-    /// `new`) not given back since; it is not used after.
-    pub(crate) fn release(_p: *mut c_void) = free_code;
-    /// C's `malloc`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn malloc(_n: size_t) -> *mut c_void = malloc_code;
-    /// glibc's internal `malloc`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn __libc_malloc(_n: size_t) -> *mut c_void = malloc_code;
-    /// C's `free`.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator not given back since; it is not
-    /// used after.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn free(_p: *mut c_void) = free_code;
-    /// The old name of `free`.
-    ///
-    /// # Safety
-    /// As `free`: `p` is null, or a live block of this allocator not given back since;
-    /// it is not used after.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn cfree(_p: *mut c_void) = free_code;
-    /// glibc's internal `free`.
-    ///
-    /// # Safety
-    /// As `free`: `p` is null, or a live block of this allocator not given back since;
-    /// it is not used after.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn __libc_free(_p: *mut c_void) = free_code;
-    /// C23: the size is a hint; the real size comes from jemalloc.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator not given back since; it is not
-    /// used after. The size is not relied on.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn free_sized(_p: *mut c_void, _size: size_t) = free_code;
-    /// C23: as `free_sized`.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator not given back since; it is not
-    /// used after. The size and alignment are not relied on.
-    #[cfg_attr(not(test), no_mangle)]
-    pub fn free_aligned_sized(_p: *mut c_void, _align: size_t, _size: size_t) = free_code;
-}
-
-export! {
-    /// C's `calloc`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn calloc(count: size_t, size: size_t) -> *mut c_void = zeroed(count, size);
-    /// glibc's internal `calloc`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn __libc_calloc(count: size_t, size: size_t) -> *mut c_void = zeroed(count, size);
-    /// C's `realloc`.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator not given back since. Unless this
-    /// returns null with `n > 0`, `p` is given back and not used after.
-    fn realloc(p: *mut c_void, n: size_t) -> *mut c_void = {
-        // SAFETY: realloc's contract is resize's.
-        unsafe { resize(p, n) }
-    };
-    /// glibc's internal `realloc`.
-    ///
-    /// # Safety
-    /// As `realloc`: `p` is null, or a live block of this allocator not given back
-    /// since. Unless this returns null with `n > 0`, `p` is given back and not used after.
-    fn __libc_realloc(p: *mut c_void, n: size_t) -> *mut c_void = {
-        // SAFETY: __libc_realloc's contract is resize's.
-        unsafe { resize(p, n) }
-    };
-    /// `realloc` of `count * size` bytes, failing with ENOMEM if that overflows.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator not given back since. Unless this
-    /// returns null with a non-zero size, `p` is given back and not used after.
-    fn reallocarray(p: *mut c_void, count: size_t, size: size_t) -> *mut c_void = match count.checked_mul(size) {
-        Some(n) => {
-            // SAFETY: reallocarray's contract is resize's, for the product `n`.
-            unsafe { resize(p, n) }
-        }
-        None => enomem(),
-    };
-    /// POSIX's `posix_memalign`.
-    ///
-    /// # Safety
-    /// `out` is valid for a write of one pointer. The block goes back only to this
-    /// allocator.
-    fn posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = {
-        // SAFETY: posix_memalign's contract is aligned_into's.
-        unsafe { aligned_into(out, align, n) }
-    };
-    /// glibc's internal `posix_memalign`.
-    ///
-    /// # Safety
-    /// As `posix_memalign`: `out` is valid for a write of one pointer. The block goes
-    /// back only to this allocator.
-    fn __posix_memalign(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int = {
-        // SAFETY: __posix_memalign's contract is aligned_into's.
-        unsafe { aligned_into(out, align, n) }
-    };
-    /// C's `aligned_alloc`: EINVAL unless the alignment is a power of two.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn aligned_alloc(align: size_t, n: size_t) -> *mut c_void = if align.is_power_of_two() {
-        alloc_aligned(align, n)
-    } else {
-        set_errno(libc::EINVAL);
-        null_mut()
-    };
-    /// glibc's `memalign`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn memalign(align: size_t, n: size_t) -> *mut c_void = memalign_glibc(align, n);
-    /// glibc's internal `memalign`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn __libc_memalign(align: size_t, n: size_t) -> *mut c_void = memalign_glibc(align, n);
-    /// `valloc`: page-aligned.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn valloc(n: size_t) -> *mut c_void = alloc_aligned(PAGE, n);
-    /// glibc's internal `valloc`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn __libc_valloc(n: size_t) -> *mut c_void = alloc_aligned(PAGE, n);
-    /// `pvalloc`: page-aligned, the size rounded up to whole pages.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn pvalloc(n: size_t) -> *mut c_void = pvalloc_pages(n);
-    /// glibc's internal `pvalloc`.
-    ///
-    /// # Safety
-    /// None for the call. The block goes back only to this allocator.
-    fn __libc_pvalloc(n: size_t) -> *mut c_void = pvalloc_pages(n);
-    /// The usable size of a block; 0 for null.
-    ///
-    /// # Safety
-    /// `p` is null, or a live block of this allocator.
-    fn malloc_usable_size(p: *mut c_void) -> size_t = if p.is_null() {
-        0
-    } else {
-        // SAFETY: `p` is non-null here, so a live jemalloc block (malloc_usable_size's
-        // contract).
-        unsafe { jem::sallocx(p, 0) }
-    };
-    /// Accepted and ignored: jemalloc has no glibc tunables. Returns 1 (success).
-    ///
-    /// # Safety
-    /// None.
-    fn mallopt(_param: c_int, _value: c_int) -> c_int = 1;
-    /// Purges jemalloc's unused dirty pages in every arena. Returns 1.
-    ///
-    /// # Safety
-    /// None.
-    fn malloc_trim(_pad: size_t) -> c_int = {
-        // SAFETY: a NUL-terminated mallctl name with no input or output.
-        unsafe {
-            jem::mallctl(c"arena.4096.purge".as_ptr(), null_mut(), null_mut(), null_mut(), 0);
-        }
-        1
-    };
-    /// glibc's statistics, from jemalloc's, clamped to `int`.
-    ///
-    /// # Safety
-    /// None.
-    fn mallinfo() -> libc::mallinfo = {
-        let j = memquota_core::JemallocStats::read();
-        let clamp = |v: u64| v.min(i32::MAX as u64) as c_int;
-        // SAFETY: mallinfo is a plain C struct of ints; zero is a valid value.
-        let mut m: libc::mallinfo = unsafe { std::mem::zeroed() };
-        m.arena = clamp(j.mapped);
-        m.uordblks = clamp(j.allocated);
-        m.fordblks = clamp(j.active.saturating_sub(j.allocated));
-        m.keepcost = clamp(j.retained);
-        m
-    };
-    /// glibc's statistics, from jemalloc's.
-    ///
-    /// # Safety
-    /// None.
-    fn mallinfo2() -> libc::mallinfo2 = {
-        let j = memquota_core::JemallocStats::read();
-        // SAFETY: mallinfo2 is a plain C struct of size_t; zero is a valid value.
-        let mut m: libc::mallinfo2 = unsafe { std::mem::zeroed() };
-        m.arena = j.mapped as usize;
-        m.uordblks = j.allocated as usize;
-        m.fordblks = j.active.saturating_sub(j.allocated) as usize;
-        m.keepcost = j.retained as usize;
-        m
-    };
-    /// jemalloc's statistics on standard error.
-    ///
-    /// # Safety
-    /// None.
-    fn malloc_stats() -> () = {
-        // SAFETY: null callback and options: jemalloc writes to stderr.
-        unsafe { jem::malloc_stats_print(None, null_mut(), std::ptr::null()) }
-    };
-    /// A minimal document naming the allocator; returns 0.
-    ///
-    /// # Safety
-    /// `stream` is null or an open `FILE`.
-    fn malloc_info(_options: c_int, stream: *mut libc::FILE) -> c_int = {
-        if !stream.is_null() {
-            // SAFETY: `stream` is non-null here, so an open FILE (malloc_info's
-            // contract); the string is NUL-terminated.
-            unsafe { libc::fputs(c"<malloc version=\"jemalloc-memquota\"></malloc>\n".as_ptr(), stream) };
-        }
-        0
-    };
-}
-
-/// `posix_memalign`.
-///
-/// # Safety
-/// `out` is valid for a write of one pointer (it is written only on success).
-unsafe fn aligned_into(out: *mut *mut c_void, align: size_t, n: size_t) -> c_int {
-    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<*mut c_void>()) {
-        return libc::EINVAL;
-    }
-    let saved = errno();
-    let p = alloc_aligned(align, n);
-    set_errno(saved); // posix_memalign reports through its return value only
-    if p.is_null() {
-        return libc::ENOMEM;
-    }
-    // SAFETY: `out` is valid for this write (this function's contract).
-    unsafe { *out = p };
-    0
-}
-
-/// For the C++ operators: allocate, or null.
-pub(crate) fn cxx_alloc(n: size_t, align: Option<size_t>) -> *mut c_void {
-    match align {
-        Some(a) if a > 16 => alloc_aligned(a, n),
-        // SAFETY: no precondition.
-        _ => unsafe { alloc(n) },
-    }
-}
-
-/// For the C++ `delete` operators.
-///
-/// # Safety
-/// `p` is null, or a live block of this allocator (from C++ `new` or the malloc
-/// family) not given back since; it is not used after.
-pub(crate) unsafe fn cxx_free(p: *mut c_void) {
-    // SAFETY: this function's contract is release's.
-    unsafe { release(p) }
 }

@@ -22,9 +22,8 @@
 //! A refusal is NULL (`mallocx`, `rallocx`, with `errno` ENOMEM) or no change
 //! (`xallocx`), with the report, like any other.
 
-use crate::lazy;
-use crate::malloc::{alloc_flags, charge, release_by, resize_by, GiveBack, Resize};
-use crate::tls::FACE;
+use crate::malloc::charge::{alloc_flags, catch_up, charge, release_by, resize_by, GiveBack, Resize, FACE};
+use crate::malloc::lazy;
 use libc::{c_char, c_int, c_void, size_t};
 use memquota_core::face;
 use tikv_jemalloc_sys as jem;
@@ -101,7 +100,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     }
     // A resize in place moves jemalloc's total of freed bytes by the old size: credited
     // below (in `now - counted`), not in bulk.
-    let s = crate::tls::slot();
+    let s = crate::malloc::thread::slot();
     // SAFETY: `ptr` is a live jemalloc block, size >= 1, the caller's flags valid (this
     // function's contract).
     let now = lazy::guarded(s, || unsafe { jem::xallocx(ptr, size, extra, flags) });
@@ -112,7 +111,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     if big {
         face::note_realloc_end(&FACE, ptr as usize, ptr as usize, old as u64, now as u64, had);
     }
-    lazy::catch_up(s);
+    catch_up(s);
     now
 }
 

@@ -2,7 +2,7 @@
 
 #![allow(non_snake_case)] // JNI names the functions after the Java class.
 
-use crate::tls::FACE;
+use crate::malloc::charge::FACE;
 use jni::objects::{JClass, JString};
 use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::JNIEnv;
@@ -123,15 +123,15 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeReserve(
     match face::reserve_raw(&FACE, scope as u64, bytes, 0, partial != 0) {
         Ok(granted) => jlong::try_from(granted).unwrap_or(jlong::MAX),
         Err(Error::Refused { .. }) => {
-            crate::jvm_gate::throw_refusal(&mut env);
+            crate::jvm::gate::throw_refusal(&mut env);
             0
         }
         Err(Error::RetryOom) => {
-            crate::jvm_gate::throw_rollback(&mut env, Rollback::Retry);
+            crate::jvm::gate::throw_rollback(&mut env, Rollback::Retry);
             0
         }
         Err(Error::SplitAndRetryOom) => {
-            crate::jvm_gate::throw_rollback(&mut env, Rollback::Split);
+            crate::jvm::gate::throw_rollback(&mut env, Rollback::Split);
             0
         }
         Err(e @ Error::ReserveInSpill { .. }) => {
@@ -161,7 +161,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeRelease(
 /// `MemQuota.retryBegin(long)`: `memquota_retry_begin`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_retryBegin(mut env: JNIEnv, _: JClass, scope: jlong) {
-    if !crate::jvm_gate::remember_retry_classes(&mut env) {
+    if !crate::jvm::gate::remember_retry_classes(&mut env) {
         return; // NoClassDefFoundError: no block begins
     }
     match crate::capi::memquota_retry_begin(scope as u64) {

@@ -7,7 +7,7 @@
 //! allocation, valid from the thread's first instruction to its last. The exit flush
 //! is a pthread key destructor, which runs before the thread's TLS goes away.
 
-use memquota_core::face::{self, Bulk, Face, Local};
+use memquota_core::face::{self, Bulk, Local};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
@@ -120,17 +120,8 @@ pub(crate) fn slot() -> &'static Slot {
     unsafe { &*(p as *const Slot) }
 }
 
-/// The preload's face for the shared slow path.
-pub(crate) static FACE: Face = Face {
-    local: local_opt,
-    register_exit,
-    configure_from_env: false,
-    unseen: crate::lazy::unseen,
-    lazy: crate::lazy::rearm,
-    scopes_began: crate::malloc::scopes_began,
-};
-
-fn local_opt() -> Option<&'static Local> {
+/// [`face::Face::local`]: the calling thread's ledger state, always there.
+pub(crate) fn local_opt() -> Option<&'static Local> {
     Some(local())
 }
 
@@ -163,7 +154,8 @@ pub(crate) fn ctl_ready() {
     CTL_READY.store(true, Release);
 }
 
-fn register_exit() -> bool {
+/// [`face::Face::register_exit`]: the exit flush, a pthread key destructor.
+pub(crate) fn register_exit() -> bool {
     find_totals();
     let key = match KEY.load(Acquire) {
         k if k >= 2 => k - 2,

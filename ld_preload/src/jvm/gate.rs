@@ -19,7 +19,7 @@
 //! `org.memquota.SplitAndRetryOOM` (both `OutOfMemoryError`s) instead of the plain
 //! error.
 
-use crate::tls::FACE;
+use crate::malloc::charge::FACE;
 use jni::objects::{GlobalRef, JClass};
 use jni::sys::{jlong, jobject, JNIEnv};
 use libc::c_void;

@@ -2,9 +2,9 @@
 //! fork handler, the stats file and the exit report (`exit_report.rs` decides which
 //! process prints it).
 
-use crate::exit_report::{self, Report};
-use crate::stats_file::{self, When};
-use crate::tls::FACE;
+use crate::malloc::charge::FACE;
+use crate::process::exit_report::{self, Report};
+use crate::process::stats_file::{self, When};
 use memquota_core::{face, Config, Stats};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 use std::time::Duration;
@@ -62,14 +62,14 @@ pub(crate) fn env_lookup(var: &'static str) -> Option<String> {
 
 extern "C" fn on_load() {
     face::self_check(); // jemalloc has started by now, if it had not
-    crate::tls::ctl_ready();
-    crate::malloc_conf::warn_about_what_has_no_effect();
+    crate::malloc::thread::ctl_ready();
+    crate::process::malloc_conf::warn_about_what_has_no_effect();
     let mut config =
         Config::from_lookup(with_preload_defaults(env_lookup)).unwrap_or_else(|e| fail(&e.to_string()));
     let metrics = config.take_metrics_addr();
     face::adopt(&FACE);
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
-    crate::lazy::register(face::threshold_for(memquota_core::process_account().limit));
+    crate::malloc::charge::register(face::threshold_for(memquota_core::process_account().limit));
     if let Some(addr) = metrics {
         // Children inherit the variable with LD_PRELOAD, and the first process holds
         // the port: a failed bind is a warning, not a reason to stop the program.
@@ -213,6 +213,6 @@ fn summary(s: &Stats) -> String {
 /// The preload's own fork child handler (the core registers its own for its locks).
 /// Allocates nothing: jemalloc's handlers may still hold its locks around ours.
 extern "C" fn after_fork_child() {
-    crate::tls::after_fork_child();
+    crate::malloc::thread::after_fork_child();
     exit_report::after_fork_child();
 }

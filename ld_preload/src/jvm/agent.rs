@@ -7,14 +7,14 @@
 //!   workers, the VM thread, compilers, class loading) are counted but never wait and
 //!   are never refused, since a failed one kills the JVM; the gate is
 //!   `Unsafe.allocateMemory` (direct buffers, Spark's off-heap pages), see
-//!   `jvm_gate.rs`;
+//!   `gate.rs`;
 //! * hands the JVM to [`memquota_core::jvm::install`] at VM start (heap figures and
 //!   the GC as the reclaim), and tells it of every finished GC.
 //!
 //! JVMTI has no Rust bindings of standing, and the agent needs six functions of it:
 //! they are declared here by their slot in the function table of `jvmti.h`.
 
-use crate::init;
+use crate::process::init;
 use jni::sys::{jclass, jint, jmethodID, jobject as jthread, JNIEnv, JavaVM, JNI_ERR, JNI_OK};
 use libc::{c_char, c_int, c_uchar, c_void};
 use memquota_core::face::vars;
@@ -117,7 +117,7 @@ fn configure(options: &str) -> Result<(), String> {
             format!("memquota agent: option {item:?} has no value: expected key=value, e.g. limit=4g")
         })?;
         if key == STATS_FILE_OPTION {
-            crate::stats_file::check(value).map_err(|e| format!("memquota agent: {e}"))?;
+            crate::process::stats_file::check(value).map_err(|e| format!("memquota agent: {e}"))?;
             stats_file = Some(value.to_owned()).filter(|v| !v.is_empty());
             continue;
         }
@@ -214,7 +214,7 @@ extern "system" fn vm_init(_: Jvmti, jni: *mut JNIEnv, _: jthread) {
     if let Err(e) = memquota_core::jvm::install(&mut env) {
         memquota_core::face::write_stderr(&format!("{e}\n"));
     }
-    if !crate::jvm_gate::installed() {
+    if !crate::jvm::gate::installed() {
         memquota_core::face::write_stderr(
             "memquota: warning: Unsafe.allocateMemory could not be gated: native memory is counted but no request is refused\n",
         );
@@ -240,7 +240,7 @@ extern "system" fn native_method_bind(
     if class != "Ljdk/internal/misc/Unsafe;" {
         return;
     }
-    if let Some(gate) = crate::jvm_gate::gate_for(&name, address) {
+    if let Some(gate) = crate::jvm::gate::gate_for(&name, address) {
         // SAFETY: the JVM passes a writable slot for the replacement address.
         unsafe { *new_address = gate };
     }

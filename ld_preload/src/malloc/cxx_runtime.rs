@@ -39,7 +39,7 @@
 //! busy mark (counted, never refused), never through `operator new`, so it cannot
 //! come back here.
 
-use crate::tls::local;
+use crate::malloc::thread::local;
 use libc::{c_char, c_int, c_void, size_t};
 use memquota_core::face;
 use std::ffi::CStr;

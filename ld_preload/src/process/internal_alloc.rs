@@ -3,7 +3,7 @@
 //! `malloc`: counted with no policy, so they can neither be refused nor start a
 //! reclaim, wherever they happen.
 
-use crate::tls::FACE;
+use crate::malloc::charge::FACE;
 use memquota_core::face;
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemalloc_sys as jem;
@@ -30,16 +30,16 @@ unsafe impl GlobalAlloc for Internal {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let f = flags(&layout);
         // Recorded just below, so outside the bulk count of lazy calls.
-        let s = crate::tls::slot();
+        let s = crate::malloc::thread::slot();
         // SAFETY: the size is non-zero (this function's contract); `f` encodes a
         // power-of-two alignment, or none.
-        let p = crate::lazy::guarded(s, || unsafe { jem::mallocx(layout.size(), f) });
+        let p = crate::malloc::lazy::guarded(s, || unsafe { jem::mallocx(layout.size(), f) });
         if !p.is_null() {
             // SAFETY: nallocx has no preconditions; with mallocx's size and flags it
             // gives the usable size just allocated.
             face::record(&FACE, unsafe { jem::nallocx(layout.size(), f) } as i64);
         }
-        crate::lazy::catch_up(s);
+        crate::malloc::charge::catch_up(s);
         p.cast()
     }
 
@@ -52,11 +52,11 @@ unsafe impl GlobalAlloc for Internal {
         // layout, this function's contract) it gives the usable size `alloc` recorded.
         let usable = unsafe { jem::nallocx(layout.size(), f) };
         // Recorded just below, so outside the bulk count of lazy calls.
-        let s = crate::tls::slot();
+        let s = crate::malloc::thread::slot();
         // SAFETY: `ptr` is live and came from `alloc` with this layout (this function's
         // contract), so from mallocx with this size and these flags.
-        crate::lazy::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
+        crate::malloc::lazy::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
         face::record(&FACE, -(usable as i64));
-        crate::lazy::catch_up(s);
+        crate::malloc::charge::catch_up(s);
     }
 }

@@ -6,8 +6,8 @@
 //! found at run time among the loaded objects (`cxx_runtime.rs`): this library must
 //! not depend on one.
 
-use crate::cxx_runtime::{no_runtime, Runtime};
-use crate::malloc::{cxx_alloc, cxx_free};
+use crate::malloc::cxx_runtime::{no_runtime, Runtime};
+use crate::malloc::exports::{cxx_alloc, cxx_free};
 use libc::{c_void, size_t};
 
 fn new_or_throw(n: size_t, align: Option<size_t>) -> *mut c_void {
