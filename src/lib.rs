@@ -13,6 +13,9 @@
 #![warn(missing_docs)]
 // Under loom only the pure parts are built, and not all of them are exercised.
 #![cfg_attr(loom, allow(dead_code))]
+// Sealed, the seam leaves the items only the faces outside use unused; the workspace's
+// build (the seam on) checks them.
+#![cfg_attr(not(feature = "seam"), allow(dead_code))]
 
 // The layers, bottom up: each uses only itself and the layers before it here
 // (docs/design.md has the picture; tests/layers.rs checks every `crate::` path
@@ -47,52 +50,6 @@ mod faces;
 
 #[cfg(all(test, loom))]
 mod loom_tests;
-
-/// Not part of the API: what memquota's own artifacts (the `LD_PRELOAD` library, the
-/// `memquota` command, the tests) reach for below the user-facing surface. It may
-/// change in any release.
-///
-/// A face other than the Rust allocator keeps a [`face::Local`] per thread, tries
-/// [`face::try_charge`] / [`face::try_credit`] on every call, and calls
-/// [`face::charge_slow`] when they say no.
-#[doc(hidden)]
-#[cfg(not(loom))]
-pub mod face {
-    pub use crate::ledger::bulk::Bulk;
-    /// Bulk counting from jemalloc's per-thread totals (`bulk.rs`).
-    pub mod bulk {
-        pub use crate::ledger::bulk::*;
-    }
-    pub use crate::arbitration::{
-        attach_raw, begin_raw, detach_raw, end_raw, last_refusal_raw, note_alloc, note_free,
-        note_realloc_begin, note_realloc_end, release_raw, reserve_raw, retry_begin_raw, retry_block_raw,
-        retry_end_raw, scopes_used,
-    };
-    pub use crate::base::config::{
-        parse_duration, parse_limit, parse_size, vars, ENV_VARS, MIN_STATS_INTERVAL,
-    };
-    pub use crate::base::host::{
-        anon_rss, cgroup_limit, memory_limit, object_of, physical_ram, process_rss, running_since,
-    };
-    pub use crate::base::quota::{threshold_for, MAX_THRESHOLD, MIN_THRESHOLD};
-    pub use crate::base::settings::{set_window_hook, Window};
-    pub use crate::base::size_class::{self_check, small_usable, usable, SMALL_MAX};
-    pub use crate::base::text::{write_fd, write_stderr, FixedBuf, SignedSize, Size, SliceWriter, CAPACITY};
-    pub use crate::ledger::tables::retry::Rollback;
-    pub use crate::ledger::tables::{MAX_BUDGETS, MAX_CONSUMERS, MAX_SCOPES, OWNED_MIN};
-    pub use crate::ledger::threads::{
-        charge_or_miss, enter, record_in_bulk, spawn_service, thread_exit, try_charge, try_credit,
-        undo_charge, Busy, Face, Lazy, Local,
-    };
-    pub use crate::policy::purge::added_jemalloc_options;
-    pub use crate::policy::report::{flush_quiet, write_container, write_untracked_note};
-    pub use crate::policy::reserve::{size_for as emergency_reserve_for, DRAW_MAX as EMERGENCY_DRAW_MAX};
-    pub use crate::policy::sampler::sample_now as sample_untracked;
-    pub use crate::process::control::adopt;
-    pub use crate::process::endpoint::DEFAULT_METRICS_ADDR;
-    pub use crate::process::export::{metric, StatsWriter};
-    pub use crate::slow_path::{charge_slow, charge_taken, end_gate, flush_thread, make_room, record};
-}
 
 pub use base::config::{Config, HeapMode, Limit, OnOom, Untracked};
 pub use base::error::{Error, Result};

@@ -55,10 +55,10 @@ struct Table {
     uses_seam: bool,
 }
 
-/// The tables of the "## Layers" section: `| N name | `a`, `b` |` rows. The first table
-/// is `src`'s; each `### `path/src`` heading starts another crate's. A row whose layer
-/// name is `faces` marks the layer that may use only the seam; a line "Uses the seam."
-/// under a heading lets that crate use it.
+/// The tables of the "## Layers" section: `| N name | `a` (what it does), `b` |` rows.
+/// The first table is `src`'s; each `### `path/src`` heading starts another crate's. A
+/// row whose layer name is `faces` marks the layer that may use only the seam; "Uses
+/// the seam." in the text under a heading lets that crate use it.
 fn tables(design: &str) -> BTreeMap<String, Table> {
     let section = design.split("\n## Layers").nth(1).expect("a `## Layers` section in docs/design.md");
     let section = section.split("\n## ").next().unwrap_or(section);
@@ -69,7 +69,7 @@ fn tables(design: &str) -> BTreeMap<String, Table> {
             current = h.trim().trim_matches('`').to_owned();
             continue;
         }
-        if line.trim() == "Uses the seam." {
+        if !line.starts_with('|') && line.contains("Uses the seam.") {
             out.entry(current.clone()).or_default().uses_seam = true;
             continue;
         }
@@ -85,12 +85,27 @@ fn tables(design: &str) -> BTreeMap<String, Table> {
         if words.next() == Some("faces") && current == "src" {
             table.seam_only = Some(layer);
         }
-        for name in cells.get(2).unwrap_or(&"").split('`').skip(1).step_by(2) {
+        for name in outside_parentheses(cells.get(2).unwrap_or(&"")).split('`').skip(1).step_by(2) {
             table.layers.insert(name.to_owned(), layer);
         }
     }
     assert!(out.get("src").is_some_and(|t| !t.layers.is_empty()), "no layer rows for src in docs/design.md");
     out
+}
+
+/// A cell's text without what it says in parentheses (a module's description).
+fn outside_parentheses(cell: &str) -> String {
+    let mut depth = 0u32;
+    cell.chars()
+        .filter(|&c| {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ => return depth == 0,
+            }
+            false
+        })
+        .collect()
 }
 
 /// Every package directory of the repository with Rust sources (a `Cargo.toml` beside
@@ -105,7 +120,10 @@ fn crates(root: &Path) -> Vec<PathBuf> {
         for entry in fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy();
-            if path.is_dir() && !name.starts_with('.') && !matches!(&*name, "target" | "src" | "tests" | "venv") {
+            if path.is_dir()
+                && !name.starts_with('.')
+                && !matches!(&*name, "target" | "src" | "tests" | "venv")
+            {
                 stack.push(path);
             }
         }
@@ -122,7 +140,9 @@ fn check_crate(src: &Path, name: &str, table: &Table, problems: &mut Vec<String>
     let root_file = root_file.unwrap_or_else(|| panic!("{name}: no lib.rs or main.rs"));
     let contents_only: BTreeSet<String> = files
         .iter()
-        .filter(|f| f.file_name().is_some_and(|n| n == "mod.rs") && f.parent().and_then(Path::parent) == Some(src))
+        .filter(|f| {
+            f.file_name().is_some_and(|n| n == "mod.rs") && f.parent().and_then(Path::parent) == Some(src)
+        })
         .filter(|f| is_table_of_contents(&fs::read_to_string(f).unwrap()))
         .map(|f| f.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned())
         .collect();
@@ -194,7 +214,8 @@ fn check_crate(src: &Path, name: &str, table: &Table, problems: &mut Vec<String>
                 && top != "seam"
                 && layer_of(top) != table.seam_only
             {
-                seam_breaches.push(format!("{name}: `{module}` (a face) uses `{}` past the seam", path.join("::")));
+                seam_breaches
+                    .push(format!("{name}: `{module}` (a face) uses `{}` past the seam", path.join("::")));
             }
         }
         if !table.uses_seam && (code.contains("memquota::seam") || code.contains("memquota_core::seam")) {
@@ -210,7 +231,8 @@ fn check_crate(src: &Path, name: &str, table: &Table, problems: &mut Vec<String>
     let mut places = BTreeSet::new();
     for module in edges.keys() {
         if layer_of(module).is_none() {
-            problems.push(format!("{name}: module `{module}` is not in a layer of its table in docs/design.md"));
+            problems
+                .push(format!("{name}: module `{module}` is not in a layer of its table in docs/design.md"));
         }
         places.insert(module.split("::").next().unwrap().to_owned());
     }
@@ -223,7 +245,9 @@ fn check_crate(src: &Path, name: &str, table: &Table, problems: &mut Vec<String>
         for to in tos {
             if let (Some(a), Some(b)) = (layer_of(from), layer_of(to)) {
                 if b > a {
-                    problems.push(format!("{name}: `{from}` (layer {a}) uses `{to}` (layer {b}), a layer above it"));
+                    problems.push(format!(
+                        "{name}: `{from}` (layer {a}) uses `{to}` (layer {b}), a layer above it"
+                    ));
                 }
             }
         }
@@ -308,7 +332,8 @@ fn tree(chars: &mut std::iter::Peekable<std::str::Chars>, prefix: String, out: &
                 }
             }
         }
-        let name: String = std::iter::from_fn(|| chars.next_if(|c| c.is_alphanumeric() || *c == '_')).collect();
+        let name: String =
+            std::iter::from_fn(|| chars.next_if(|c| c.is_alphanumeric() || *c == '_')).collect();
         if !name.is_empty() && name != "self" {
             if !path.is_empty() {
                 path.push_str("::");

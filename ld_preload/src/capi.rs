@@ -3,7 +3,11 @@
 use crate::malloc::charge::FACE;
 use crate::malloc::thread;
 use libc::{c_char, c_int, c_void, size_t};
-use memquota_core::face::{self, Rollback, SliceWriter};
+use memquota_core::seam::{
+    scopes::{self, Rollback},
+    slow,
+    text::SliceWriter,
+};
 use memquota_core::{Error, HeapBytes};
 use std::ffi::CStr;
 use std::fmt::Write;
@@ -16,7 +20,7 @@ use std::fmt::Write;
 /// `buf` is null with `len` 0, or valid for `len` bytes.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memquota_stats_json(buf: *mut c_char, len: size_t) -> size_t {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
     let stats = memquota_core::stats();
     // SAFETY: the caller's contract, forwarded.
     unsafe {
@@ -56,7 +60,7 @@ unsafe fn write_whole(buf: *mut c_char, len: size_t, text: impl FnOnce(&mut Slic
 /// `buf` is null with `len` 0, or valid for `len` bytes.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memquota_scopes_json(buf: *mut c_char, len: size_t) -> size_t {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
     let snap = memquota_core::MemoryManager::global().snapshot();
     // SAFETY: the caller's contract, forwarded.
     unsafe {
@@ -74,7 +78,7 @@ pub unsafe extern "C" fn memquota_scopes_json(buf: *mut c_char, len: size_t) -> 
 /// `buf` is null with `len` 0, or valid for `len` bytes.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memquota_report_now(buf: *mut c_char, len: size_t) -> size_t {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
     let text = memquota_core::report_now();
     // SAFETY: the caller's contract, forwarded.
     unsafe {
@@ -117,7 +121,7 @@ pub extern "C" fn memquota_set_limit(bytes: u64) -> c_int {
 /// Flushes the calling thread's unflushed delta.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_flush() {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
 }
 
 /// A C reclaim callback and its context.
@@ -187,7 +191,7 @@ pub unsafe extern "C" fn memquota_scope_begin(name: *const c_char, id: u64, prio
         // SAFETY: the caller's contract.
         unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("")
     };
-    face::begin_raw(name, id, priority).unwrap_or(0)
+    scopes::begin_raw(name, id, priority).unwrap_or(0)
 }
 
 /// Ends a scope. Returns the bytes its threads allocated and nobody freed (a leak,
@@ -199,7 +203,7 @@ pub unsafe extern "C" fn memquota_scope_begin(name: *const c_char, id: u64, prio
 /// `report` is null with `len` 0, or valid for `len` bytes.
 #[cfg_attr(not(test), no_mangle)]
 pub unsafe extern "C" fn memquota_scope_end(scope: u64, report: *mut c_char, len: size_t) -> i64 {
-    match face::end_raw(scope) {
+    match scopes::end_raw(scope) {
         Ok(r) => {
             // SAFETY: the caller's contract.
             unsafe { write_c(report, len, &r) };
@@ -214,7 +218,7 @@ pub unsafe extern "C" fn memquota_scope_end(scope: u64, report: *mut c_char, len
 /// `EINVAL` for a scope that is not running.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_scope_attach(scope: u64) -> c_int {
-    match face::attach_raw(&FACE, scope) {
+    match scopes::attach_raw(&FACE, scope) {
         Ok(_) => 0,
         Err(_) => libc::EINVAL,
     }
@@ -224,7 +228,7 @@ pub extern "C" fn memquota_scope_attach(scope: u64) -> c_int {
 /// none.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_scope_detach() -> c_int {
-    if face::detach_raw(&FACE, 0) != 0 {
+    if scopes::detach_raw(&FACE, 0) != 0 {
         0
     } else {
         libc::EINVAL
@@ -240,7 +244,7 @@ pub extern "C" fn memquota_scope_detach() -> c_int {
 /// at once when the scope ends while it waits.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_scope_reserve(scope: u64, bytes: u64, partial: c_int) -> i64 {
-    match face::reserve_raw(&FACE, scope, bytes, 0, partial != 0) {
+    match scopes::reserve_raw(&FACE, scope, bytes, 0, partial != 0) {
         Ok(granted) => i64::try_from(granted).unwrap_or(i64::MAX),
         Err(Error::ScopeEnded) => -i64::from(libc::EINVAL),
         Err(Error::ReserveInSpill { .. }) => -i64::from(libc::EDEADLK),
@@ -274,7 +278,7 @@ pub extern "C" fn memquota_retry_begin(scope: u64) -> c_int {
     if nest.full() {
         return -libc::EOVERFLOW;
     }
-    match face::retry_begin_raw(&FACE, scope) {
+    match scopes::retry_begin_raw(&FACE, scope) {
         Ok(prev) => {
             nest.push(prev);
             0
@@ -289,7 +293,7 @@ pub extern "C" fn memquota_retry_begin(scope: u64) -> c_int {
 pub extern "C" fn memquota_retry_end() -> c_int {
     match thread::slot().retry.pop() {
         Some(prev) => {
-            face::retry_end_raw(&FACE, prev);
+            scopes::retry_end_raw(&FACE, prev);
             0
         }
         None => -libc::EPERM,
@@ -308,7 +312,7 @@ pub extern "C" fn memquota_retry_block() -> c_int {
     if !thread::slot().retry.inside() {
         return -libc::EPERM;
     }
-    match face::retry_block_raw(&FACE) {
+    match scopes::retry_block_raw(&FACE) {
         Ok(()) => 0,
         Err(Error::ScopeEnded) => -libc::EINVAL,
         Err(_) => -libc::ENOMEM,
@@ -324,7 +328,7 @@ pub extern "C" fn memquota_last_refusal() -> c_int {
     if !thread::slot().retry.inside() {
         return -libc::EPERM;
     }
-    match face::last_refusal_raw(&FACE) {
+    match scopes::last_refusal_raw(&FACE) {
         Some(Rollback::Retry) => MEMQUOTA_REFUSAL_ROLLBACK,
         Some(Rollback::Split) => MEMQUOTA_REFUSAL_SPLIT,
         Some(Rollback::Ended) => MEMQUOTA_REFUSAL_SCOPE_ENDED,
@@ -335,6 +339,6 @@ pub extern "C" fn memquota_last_refusal() -> c_int {
 /// Gives back `bytes` a scope reserved. Returns 0.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "C" fn memquota_scope_release(scope: u64, bytes: u64) -> c_int {
-    face::release_raw(scope, bytes, 0);
+    scopes::release_raw(scope, bytes, 0);
     0
 }

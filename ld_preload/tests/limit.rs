@@ -179,10 +179,10 @@ struct Expect {
 
 impl Expect {
     fn bound(&self) -> u64 {
-        let threshold = memquota_core::face::threshold_for(self.limit);
+        let threshold = memquota_core::seam::process::threshold_for(self.limit);
         (self.threads + 1) * threshold
             + if self.refuse_min > 0 { self.limit / 16 } else { 0 }
-            + memquota_core::face::emergency_reserve_for(self.limit)
+            + memquota_core::seam::slow::emergency_reserve_for(self.limit)
     }
 }
 
@@ -230,8 +230,9 @@ fn alloc_loop(how: &str, size_: u64, count: u64, limit: &str, refuse_min: Option
     }
     let run = preloaded(&built().users, &["loop", &size_.to_string(), &count.to_string(), how], &env, 60);
     let f = run.figures("granted");
-    let limit_bytes = memquota_core::face::parse_size(limit).unwrap();
-    let refuse = refuse_min.map_or(DEFAULT_REFUSE_MIN, |r| memquota_core::face::parse_size(r).unwrap());
+    let limit_bytes = memquota_core::seam::process::parse_size(limit).unwrap();
+    let refuse =
+        refuse_min.map_or(DEFAULT_REFUSE_MIN, |r| memquota_core::seam::process::parse_size(r).unwrap());
     println!("  granted {} of {} asked", size(f["granted"] as u64), size(size_ * count));
     judge(
         &format!("{how}({size_}) x {count} at {limit}, refuse_min {refuse}"),
@@ -371,7 +372,7 @@ fn an_oom_handler_that_logs_and_aborts_writes_one_report() {
     assert_eq!(Run::full_reports(&run.stderr), 1, "memquota's report: {}", run.said());
     let (grants, left, native) =
         (figures("emergency_grants_total"), figures("emergency_reserve_bytes"), figures("native_bytes"));
-    let reserve = memquota_core::face::emergency_reserve_for(64 * MIB);
+    let reserve = memquota_core::seam::slow::emergency_reserve_for(64 * MIB);
     println!(
         "  while it ran: {grants} grants from the reserve, {left} of {reserve} left; native {}",
         size(native)
@@ -501,11 +502,11 @@ fn torture(seed: u64, refuse_min: Option<&str>) {
     );
     let head = run.figures("seed");
     let (limit, refuse) = (head["limit"] as u64, head["refuse_min"] as u64);
-    let threshold = memquota_core::face::threshold_for(limit);
+    let threshold = memquota_core::seam::process::threshold_for(limit);
     let allowance = |workers: u64| {
         (workers + TORTURE_SERVICE_THREADS + 1) * threshold
             + if refuse > 0 { limit / 16 } else { 0 }
-            + memquota_core::face::emergency_reserve_for(limit)
+            + memquota_core::seam::slow::emergency_reserve_for(limit)
             + CALLBACK_HOLDS
     };
     println!("torture seed {seed}, limit {}, refuse_min {refuse}, threshold {threshold}", size(limit));

@@ -618,7 +618,7 @@ fn a_smaller_process_leaves_the_stats_file_of_a_bigger_one() {
     // This test process plays the bigger one (Spark's executor, say): it runs, and its
     // peak RSS is far above what `true` reaches. `true` writes once, at exit.
     let me = std::process::id();
-    let start = memquota_core::face::running_since(me).unwrap();
+    let start = memquota_core::seam::process::running_since(me).unwrap();
     let by = |start: u64, rss_peak: u64| {
         format!("# memquota writer pid={me} start={start} rss_peak={rss_peak}\nmemquota_limit_bytes 1\n")
     };
@@ -666,7 +666,7 @@ fn a_smaller_process_leaves_the_stats_file_of_a_bigger_one() {
 /// exited (`host::running_since`, which `stats_file.rs` asks).
 #[test]
 fn a_process_whose_main_thread_ended_still_runs() {
-    use memquota_core::face::running_since;
+    use memquota_core::seam::process::running_since;
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let mut child = Command::new(&built().leader).stdin(Stdio::piped()).spawn().unwrap();

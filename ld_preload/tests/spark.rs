@@ -144,7 +144,10 @@ impl Stats {
     /// The file was written by a JVM, not by one of the small preloaded processes
     /// around it (shells, the launcher).
     fn assert_from_a_jvm(&self, limit: &str) {
-        assert_eq!(self.get("memquota_limit_bytes"), memquota_core::face::parse_size(limit).unwrap() as f64);
+        assert_eq!(
+            self.get("memquota_limit_bytes"),
+            memquota_core::seam::process::parse_size(limit).unwrap() as f64
+        );
         let rss = self.get("memquota_process_rss_bytes");
         assert!(rss > 150.0 * (1 << 20) as f64, "RSS {rss}: the stats file is not the JVM's");
     }

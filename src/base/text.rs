@@ -83,11 +83,6 @@ impl FixedBuf {
     pub fn len(&self) -> usize {
         self.len
     }
-
-    /// Whether nothing was written.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 impl Default for FixedBuf {

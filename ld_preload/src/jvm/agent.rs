@@ -17,7 +17,7 @@
 use crate::process::init;
 use jni::sys::{jclass, jint, jmethodID, jobject as jthread, JNIEnv, JavaVM, JNI_ERR, JNI_OK};
 use libc::{c_char, c_int, c_uchar, c_void};
-use memquota_core::face::vars;
+use memquota_core::seam::process::vars;
 use memquota_core::{Config, Enforcement, Error};
 use std::ffi::CStr;
 
@@ -74,18 +74,18 @@ pub unsafe extern "system" fn Agent_OnLoad(vm: *mut JavaVM, options: *const c_ch
         unsafe { CStr::from_ptr(options) }.to_string_lossy().into_owned()
     };
     if !preloaded() {
-        memquota_core::face::write_stderr(&not_preloaded_message());
+        memquota_core::seam::text::write_stderr(&not_preloaded_message());
         return JNI_ERR;
     }
     if let Err(message) = configure(&options) {
-        memquota_core::face::write_stderr(&format!("{message}\n"));
+        memquota_core::seam::text::write_stderr(&format!("{message}\n"));
         return JNI_ERR;
     }
     // SAFETY: `vm` is the JVM's own pointer, valid during Agent_OnLoad.
     match unsafe { hook_events(vm) } {
         Ok(()) => JNI_OK,
         Err(why) => {
-            memquota_core::face::write_stderr(&format!("memquota agent: {why}\n"));
+            memquota_core::seam::text::write_stderr(&format!("memquota agent: {why}\n"));
             JNI_ERR
         }
     }
@@ -212,10 +212,10 @@ extern "system" fn vm_init(_: Jvmti, jni: *mut JNIEnv, _: jthread) {
     // SAFETY: the JVM passes the VM-init thread's live JNIEnv.
     let Ok(mut env) = (unsafe { jni::JNIEnv::from_raw(jni) }) else { return };
     if let Err(e) = memquota_core::jvm::install(&mut env) {
-        memquota_core::face::write_stderr(&format!("{e}\n"));
+        memquota_core::seam::text::write_stderr(&format!("{e}\n"));
     }
     if !crate::jvm::gate::installed() {
-        memquota_core::face::write_stderr(
+        memquota_core::seam::text::write_stderr(
             "memquota: warning: Unsafe.allocateMemory could not be gated: native memory is counted but no request is refused\n",
         );
     }

@@ -4,11 +4,11 @@
 //!
 //! The gate runs where waiting is safe: the thread has called a native method, so it
 //! is in native state and a GC's safepoint does not wait for it. There it waits, if
-//! need be, for the GC that makes room ([`face::make_room`]); if room cannot be made
+//! need be, for the GC that makes room ([`slow::make_room`]); if room cannot be made
 //! it throws `OutOfMemoryError` carrying the report, which callers of these methods
 //! handle. The gate charges the request to the budget as it lets it through, so
 //! gates on many threads cannot all pass on the same room; the malloc that follows
-//! uses that charge up ([`face::end_gate`] returns what it did not). Then the JVM's
+//! uses that charge up ([`slow::end_gate`] returns what it did not). Then the JVM's
 //! own native runs, in VM state, and its malloc is counted
 //! like every other: under [`Enforcement::Gates`](memquota_core::Enforcement) no
 //! malloc waits or is refused, since one made in VM state could hold up a safepoint.
@@ -23,7 +23,10 @@ use crate::malloc::charge::FACE;
 use jni::objects::{GlobalRef, JClass};
 use jni::sys::{jlong, jobject, JNIEnv};
 use libc::c_void;
-use memquota_core::face::{self, Rollback};
+use memquota_core::seam::{
+    scopes::{self, Rollback},
+    slow,
+};
 use memquota_core::Error;
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 use std::sync::OnceLock;
@@ -59,7 +62,7 @@ pub(crate) fn installed() -> bool {
 /// Called only by the JVM, as that native: `env` is the calling thread's live JNIEnv
 /// and `unsafe_` the receiver, and `gate_for` saved the original native first.
 unsafe extern "system" fn allocate_memory0(env: *mut JNIEnv, unsafe_: jobject, bytes: jlong) -> jlong {
-    if bytes > 0 && !face::make_room(&FACE, bytes as u64) {
+    if bytes > 0 && !slow::make_room(&FACE, bytes as u64) {
         // SAFETY: `env` is the calling thread's live JNIEnv (this function's contract).
         unsafe { throw_oom(env) };
         return 0;
@@ -70,7 +73,7 @@ unsafe extern "system" fn allocate_memory0(env: *mut JNIEnv, unsafe_: jobject, b
     // SAFETY: forwarding the JVM's own arguments (this function's contract) to its own
     // native.
     let address = unsafe { original(env, unsafe_, bytes) };
-    face::end_gate(&FACE);
+    slow::end_gate(&FACE);
     address
 }
 
@@ -94,7 +97,7 @@ unsafe extern "system" fn reallocate_memory0(
         unsafe { jem::malloc_usable_size(address as usize as *const c_void) }
     };
     let growth = u64::try_from(bytes).unwrap_or(0).saturating_sub(old as u64);
-    if growth > 0 && !face::make_room(&FACE, growth) {
+    if growth > 0 && !slow::make_room(&FACE, growth) {
         // SAFETY: `env` is the calling thread's live JNIEnv (this function's contract).
         unsafe { throw_oom(env) };
         return 0;
@@ -106,7 +109,7 @@ unsafe extern "system" fn reallocate_memory0(
     // SAFETY: forwarding the JVM's own arguments (this function's contract) to its own
     // native.
     let moved = unsafe { original(env, unsafe_, address, bytes) };
-    face::end_gate(&FACE);
+    slow::end_gate(&FACE);
     moved
 }
 
@@ -119,7 +122,7 @@ unsafe extern "system" fn reallocate_memory0(
 unsafe fn throw_oom(env: *mut JNIEnv) {
     // SAFETY: the caller's contract.
     if let Ok(mut env) = unsafe { jni::JNIEnv::from_raw(env) } {
-        match face::last_refusal_raw(&FACE) {
+        match scopes::last_refusal_raw(&FACE) {
             Some(r) => throw_rollback(&mut env, r),
             None => throw_refusal(&mut env),
         }

@@ -6,13 +6,16 @@ use crate::malloc::charge::FACE;
 use jni::objects::{JClass, JString};
 use jni::sys::{jboolean, jint, jlong, jstring};
 use jni::JNIEnv;
-use memquota_core::face::{self, Rollback};
+use memquota_core::seam::{
+    scopes::{self, Rollback},
+    slow,
+};
 use memquota_core::Error;
 
 /// `MemQuota.statsJson()`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_statsJson(env: JNIEnv, _: JClass) -> jstring {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
     let mut json = String::with_capacity(2048);
     let _ = memquota_core::write_json(&mut json, &memquota_core::stats());
     env.new_string(json).map_or(std::ptr::null_mut(), |s| s.into_raw())
@@ -33,7 +36,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_setLimit0(_: JNIEnv, _: JClass
 /// `MemQuota.flush()`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_flush(_: JNIEnv, _: JClass) {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
 }
 
 /// `MemQuota.gcCount()`.
@@ -66,7 +69,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeBegin(
             Err(_) => return 0, // the JVM has thrown
         }
     };
-    match face::begin_raw(&name, id as u64, priority) {
+    match scopes::begin_raw(&name, id as u64, priority) {
         Ok(handle) => handle as jlong,
         Err(e) => {
             throw(&mut env, "java/lang/IllegalStateException", &e.to_string());
@@ -82,7 +85,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeEnd(
     _: JClass,
     scope: jlong,
 ) -> jstring {
-    match face::end_raw(scope as u64) {
+    match scopes::end_raw(scope as u64) {
         Ok(report) => env.new_string(report.to_string()).map_or(std::ptr::null_mut(), |s| s.into_raw()),
         Err(e) => {
             throw(&mut env, "java/lang/IllegalArgumentException", &e.to_string());
@@ -94,7 +97,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeEnd(
 /// `MemQuota.scopeAttach(long)`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_scopeAttach(mut env: JNIEnv, _: JClass, scope: jlong) {
-    if let Err(e) = face::attach_raw(&FACE, scope as u64) {
+    if let Err(e) = scopes::attach_raw(&FACE, scope as u64) {
         throw(&mut env, "java/lang/IllegalArgumentException", &e.to_string());
     }
 }
@@ -102,7 +105,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeAttach(mut env: JNIEnv, _
 /// `MemQuota.scopeDetach()`.
 #[cfg_attr(not(test), no_mangle)]
 pub extern "system" fn Java_org_memquota_MemQuota_scopeDetach(_: JNIEnv, _: JClass) {
-    face::detach_raw(&FACE, 0);
+    scopes::detach_raw(&FACE, 0);
 }
 
 /// `MemQuota.scopeReserve(long, long, boolean)`: a refusal is an `OutOfMemoryError`
@@ -120,7 +123,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeReserve(
         throw(&mut env, "java/lang/IllegalArgumentException", "memquota: a reservation cannot be negative");
         return 0;
     };
-    match face::reserve_raw(&FACE, scope as u64, bytes, 0, partial != 0) {
+    match scopes::reserve_raw(&FACE, scope as u64, bytes, 0, partial != 0) {
         Ok(granted) => jlong::try_from(granted).unwrap_or(jlong::MAX),
         Err(Error::Refused { .. }) => {
             crate::jvm::gate::throw_refusal(&mut env);
@@ -153,7 +156,7 @@ pub extern "system" fn Java_org_memquota_MemQuota_scopeRelease(
     scope: jlong,
     bytes: jlong,
 ) {
-    face::release_raw(scope as u64, u64::try_from(bytes).unwrap_or(0), 0);
+    scopes::release_raw(scope as u64, u64::try_from(bytes).unwrap_or(0), 0);
 }
 
 // ---- retry blocks: the primitives of `MemQuota.withRetry` / `withSplitRetry` ------

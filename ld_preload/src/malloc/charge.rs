@@ -13,8 +13,11 @@
 use crate::malloc::lazy;
 use crate::malloc::thread::{self, local, local_opt, register_exit, slot, Slot};
 use libc::{c_int, c_void, size_t};
-use memquota_core::face::{self, bulk, Face};
-use memquota_core::face::{small_usable, usable, SMALL_MAX};
+use memquota_core::seam::hot::{small_usable, usable, SMALL_MAX};
+use memquota_core::seam::{
+    hot::{self, bulk, Face},
+    scopes, slow,
+};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use tikv_jemalloc_sys as jem;
@@ -47,13 +50,13 @@ pub(crate) fn set_errno(e: c_int) {
 /// Charges `bytes` before memory is taken; false: refused (the report is written).
 #[inline(always)]
 pub(crate) fn charge(bytes: usize) -> bool {
-    face::try_charge(local(), bytes as u64) || slow(bytes as i64)
+    hot::try_charge(local(), bytes as u64) || slow(bytes as i64)
 }
 
 /// Credits `bytes` after memory is given back.
 #[inline(always)]
 pub(crate) fn credit(bytes: usize) {
-    if !face::try_credit(local(), bytes as u64) {
+    if !hot::try_credit(local(), bytes as u64) {
         slow(-(bytes as i64));
     }
 }
@@ -61,7 +64,7 @@ pub(crate) fn credit(bytes: usize) {
 /// Counts what a lazy thread's calls took minus what they gave back (`lazy.rs`),
 /// after the fact: a charge is never refused.
 pub(crate) fn count_in_bulk(bytes: i64) {
-    let left = face::record_in_bulk(local(), bytes);
+    let left = hot::record_in_bulk(local(), bytes);
     if left > 0 {
         taken_slow(left as usize);
     } else if left < 0 {
@@ -75,7 +78,7 @@ pub(crate) fn count_in_bulk(bytes: i64) {
 #[inline(never)]
 fn taken_slow(bytes: usize) {
     let saved = errno();
-    face::charge_taken(&FACE, bytes as i64);
+    slow::charge_taken(&FACE, bytes as i64);
     set_errno(saved);
 }
 
@@ -111,7 +114,7 @@ pub(crate) fn catch_up(s: &Slot) {
 #[inline(never)]
 pub(crate) fn slow(bytes: i64) -> bool {
     let saved = errno();
-    let ok = face::charge_slow(&FACE, bytes);
+    let ok = slow::charge_slow(&FACE, bytes);
     if slot().bulk.allocated.get().is_null() {
         thread::find_totals(); // a thread that could not find them on its first
     }
@@ -147,7 +150,7 @@ pub(crate) extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
     let s = slot();
     let size = small_usable(n);
     if size != 0 {
-        if !face::charge_or_miss(&s.local, size as u64) {
+        if !hot::charge_or_miss(&s.local, size as u64) {
             return missed(n, size);
         }
         // SAFETY: plain jemalloc malloc.
@@ -167,7 +170,7 @@ pub(crate) extern "C" fn alloc_counted(n: size_t) -> *mut c_void {
 #[cold]
 #[inline(never)]
 extern "C" fn missed(n: size_t, size: usize) -> *mut c_void {
-    face::undo_charge(local(), size as u64);
+    hot::undo_charge(local(), size as u64);
     charge_first(n)
 }
 
@@ -225,7 +228,7 @@ unsafe fn charge_after(s: &Slot, total: *const u64, n: size_t, flags: c_int) -> 
         catch_up(s);
         return enomem();
     }
-    if face::try_charge(&s.local, size as u64) || slow(size as i64) {
+    if hot::try_charge(&s.local, size as u64) || slow(size as i64) {
         catch_up(s);
         return p;
     }
@@ -253,7 +256,7 @@ pub(crate) fn charged(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c
     if size == 0 {
         return enomem();
     }
-    if !face::try_charge(local(), size as u64) {
+    if !hot::try_charge(local(), size as u64) {
         return charged_slow(size, take);
     }
     let p = taken(take);
@@ -286,7 +289,7 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void 
         credit(size);
         return enomem();
     }
-    face::note_alloc(&FACE, p as usize, size as u64);
+    scopes::note_alloc(&FACE, p as usize, size as u64);
     p
 }
 
@@ -294,7 +297,7 @@ fn charged_slow(size: usize, take: impl FnOnce() -> *mut c_void) -> *mut c_void 
 /// the slow path first looks for the block's owner record.
 #[inline(always)]
 fn credit_freed(s: &Slot, size: usize) {
-    if !face::try_credit(&s.local, size as u64) {
+    if !hot::try_credit(&s.local, size as u64) {
         credit_freed_slow(size);
     }
 }
@@ -304,7 +307,7 @@ fn credit_freed(s: &Slot, size: usize) {
 fn credit_freed_slow(size: usize) {
     let p = slot().freeing.get();
     let saved = errno();
-    let owned = face::note_free(p as usize, size as u64);
+    let owned = scopes::note_free(p as usize, size as u64);
     set_errno(saved);
     if !owned {
         slow(-(size as i64));
@@ -358,7 +361,7 @@ impl GiveBack {
 /// scopes, with no compare of the scopes flag and no branch.
 pub(crate) static LAZY_FREE: AtomicPtr<()> = AtomicPtr::new(jem::free as *mut ());
 
-/// The face's [`Face::scopes_began`](face::Face::scopes_began): big blocks get owner
+/// The face's [`Face::scopes_began`](hot::Face::scopes_began): big blocks get owner
 /// records from now on, so a lazy `free` looks its block's owner up. Stored before
 /// the scopes flag (Release), so a thread that writes a record (after reading the
 /// flag true, Acquire) has seen it, and so has the thread that frees the block, which
@@ -415,7 +418,7 @@ pub(crate) unsafe fn release_by(p: *mut c_void, how: GiveBack) {
         // slot, whose frees are not lazy.
         return unsafe { release_counted::<false>(s, p, how) };
     }
-    if face::scopes_used() {
+    if scopes::scopes_used() {
         // SAFETY: as above, for a thread whose frees are lazy.
         return unsafe { release_counted::<true>(s, p, how) };
     }
@@ -499,10 +502,10 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     if estimate == 0 {
         return enomem();
     }
-    let big = old.max(estimate) as u64 >= face::OWNED_MIN;
+    let big = old.max(estimate) as u64 >= scopes::OWNED_MIN;
     // A big block's owner record follows it to the calling thread's scope.
     let had = match big {
-        true => match face::note_realloc_begin(&FACE, p as usize, old as u64, estimate as u64) {
+        true => match scopes::note_realloc_begin(&FACE, p as usize, old as u64, estimate as u64) {
             Some(had) => had,
             None => return enomem(), // the move to this thread's scope was refused
         },
@@ -511,7 +514,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     let grow = estimate.saturating_sub(old);
     if grow > 0 && !charge(grow) {
         if had {
-            face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
+            scopes::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
         }
         return enomem();
     }
@@ -550,7 +553,7 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
             credit(grow);
         }
         if had {
-            face::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
+            scopes::note_realloc_end(&FACE, p as usize, 0, old as u64, 0, had);
         }
         catch_up(s);
         return enomem();
@@ -566,10 +569,10 @@ pub(crate) unsafe fn resize_by(p: *mut c_void, n: size_t, how: Resize) -> *mut c
     if now < counted {
         credit(counted - now); // a shrink: a credit, on the fast path when it fits
     } else if now > counted {
-        face::record(&FACE, now as i64 - counted as i64);
+        slow::record(&FACE, now as i64 - counted as i64);
     }
     if big {
-        face::note_realloc_end(&FACE, p as usize, q as usize, old as u64, now as u64, had);
+        scopes::note_realloc_end(&FACE, p as usize, q as usize, old as u64, now as u64, had);
     }
     catch_up(s);
     q

@@ -41,7 +41,7 @@
 
 use crate::malloc::thread::local;
 use libc::{c_char, c_int, c_void, size_t};
-use memquota_core::face;
+use memquota_core::seam::hot;
 use std::ffi::CStr;
 use std::ptr::null_mut;
 
@@ -71,7 +71,7 @@ impl Runtime {
         // never refused, or a refusal of every small malloc (past the over-commit bound)
         // makes dlopen fail with "out of memory" and the runtime go unfound. No user
         // code runs until the mark is dropped.
-        let _busy = face::enter(local());
+        let _busy = hot::enter(local());
         // SAFETY: RTLD_DEFAULT is a valid scope for dlsym.
         unsafe { in_scope(libc::RTLD_DEFAULT) }.or_else(caller_scope).or_else(loaded_runtimes)
     }
@@ -96,7 +96,7 @@ impl Runtime {
             // here under the ledger's busy mark, where a malloc is counted and never
             // refused, as in the slow path's own: an exception object and one TLS
             // block, a few hundred bytes per throw. The new-handler runs without it.
-            let _busy = face::enter(local());
+            let _busy = hot::enter(local());
             if let Some(get) = self.get_globals {
                 // SAFETY: `__cxa_get_globals()` has no preconditions.
                 unsafe { get() };
@@ -335,7 +335,7 @@ fn loaded_runtimes() -> Option<Runtime> {
 /// A refused `new` with no C++ runtime to throw with: say so, then abort (the
 /// refusal's own report is out already).
 pub(crate) fn no_runtime() -> ! {
-    memquota_core::face::write_stderr(
+    memquota_core::seam::text::write_stderr(
         "memquota: a C++ operator new was refused and no C++ runtime (libstdc++, libc++) was \
          found among the loaded objects to throw std::bad_alloc with; aborting\n",
     );

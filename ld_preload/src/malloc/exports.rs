@@ -12,21 +12,21 @@ use crate::malloc::charge::{
 };
 use crate::malloc::thread::{slot, Slot};
 use libc::{c_int, c_void, size_t};
-use memquota_core::face;
+use memquota_core::seam::{hot, scopes};
 use std::ptr::null_mut;
 use tikv_jemalloc_sys as jem;
 
 const PAGE: usize = 4096;
 
-/// Where the thread's [`face::Bulk::lazy_below`] sits in its slot, for the entries below.
-const LAZY_BELOW: usize = std::mem::offset_of!(Slot, bulk) + std::mem::offset_of!(face::Bulk, lazy_below);
+/// Where the thread's [`hot::Bulk::lazy_below`] sits in its slot, for the entries below.
+const LAZY_BELOW: usize = std::mem::offset_of!(Slot, bulk) + std::mem::offset_of!(hot::Bulk, lazy_below);
 
-/// The code of `malloc`: under [`face::SMALL_MAX`] on a lazy thread, a jump into jemalloc,
+/// The code of `malloc`: under [`hot::SMALL_MAX`] on a lazy thread, a jump into jemalloc,
 /// charged in bulk later (`lazy.rs`); otherwise counted, out of line
 /// ([`alloc_counted`]). Four instructions, every way out a direct jump, no stack
 /// frame. Written out because the compiler cannot do the same (its count:
-/// docs/benchmarks.md, session 10): it compares the size with [`face::SMALL_MAX`] and then
-/// tests the lazy flag, where one compare with [`face::Bulk::lazy_below`] does both;
+/// docs/benchmarks.md, session 10): it compares the size with [`hot::SMALL_MAX`] and then
+/// tests the lazy flag, where one compare with [`hot::Bulk::lazy_below`] does both;
 /// it computes the slot's address (thread pointer plus the GOT's offset) to read one
 /// field of it, where the initial-exec sequence reads the field at the offset itself
 /// (`fs:[offset + field]`); and a call to a C function goes through the GOT unless
@@ -90,7 +90,7 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
         return null_mut();
     }
     let s = slot();
-    if (n as u64) < s.bulk.lazy_below.get() && !face::scopes_used() {
+    if (n as u64) < s.bulk.lazy_below.get() && !scopes::scopes_used() {
         // Under SMALL_MAX on a lazy thread, before any scope (as for `free`: an owner
         // record must be found): counted in bulk (`lazy.rs`), with the hook put off
         // until both totals have moved. Moved or in place, jemalloc adds the block's
@@ -105,7 +105,7 @@ unsafe fn resize(p: *mut c_void, n: size_t) -> *mut c_void {
     unsafe { resize_by(p, n, Resize::Realloc) }
 }
 
-/// `calloc`: under [`face::SMALL_MAX`] bytes on a lazy thread, like `malloc`'s
+/// `calloc`: under [`hot::SMALL_MAX`] bytes on a lazy thread, like `malloc`'s
 /// ([`malloc_code`]) a tail call into jemalloc, charged in bulk later (`lazy.rs`);
 /// otherwise counted, out of line. No stack frame.
 #[inline(always)]

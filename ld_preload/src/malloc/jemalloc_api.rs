@@ -25,7 +25,7 @@
 use crate::malloc::charge::{alloc_flags, catch_up, charge, release_by, resize_by, GiveBack, Resize, FACE};
 use crate::malloc::lazy;
 use libc::{c_char, c_int, c_void, size_t};
-use memquota_core::face;
+use memquota_core::seam::{scopes, slow};
 use tikv_jemalloc_sys as jem;
 
 /// jemalloc's `mallocx`.
@@ -82,10 +82,10 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     let most = size.checked_add(extra).map_or(0, |n| unsafe { jem::nallocx(n, flags) });
     // An extra past jemalloc's largest class is not asked for: it could not be charged.
     let (extra, most) = if most == 0 { (0, least) } else { (extra, most) };
-    let big = old.max(most) as u64 >= face::OWNED_MIN;
+    let big = old.max(most) as u64 >= scopes::OWNED_MIN;
     // A big block's owner record moves to the calling thread's scope, as for realloc.
     let had = match big {
-        true => match face::note_realloc_begin(&FACE, ptr as usize, old as u64, most as u64) {
+        true => match scopes::note_realloc_begin(&FACE, ptr as usize, old as u64, most as u64) {
             Some(had) => had,
             None => return old, // the move to this thread's scope was refused
         },
@@ -94,7 +94,7 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     let grow = most.saturating_sub(old);
     if grow > 0 && !charge(grow) {
         if had {
-            face::note_realloc_end(&FACE, ptr as usize, 0, old as u64, 0, had);
+            scopes::note_realloc_end(&FACE, ptr as usize, 0, old as u64, 0, had);
         }
         return old;
     }
@@ -106,10 +106,10 @@ pub unsafe extern "C" fn xallocx(ptr: *mut c_void, size: size_t, extra: size_t, 
     let now = lazy::guarded(s, || unsafe { jem::xallocx(ptr, size, extra, flags) });
     let counted = old + grow;
     if now != counted {
-        face::record(&FACE, now as i64 - counted as i64);
+        slow::record(&FACE, now as i64 - counted as i64);
     }
     if big {
-        face::note_realloc_end(&FACE, ptr as usize, ptr as usize, old as u64, now as u64, had);
+        scopes::note_realloc_end(&FACE, ptr as usize, ptr as usize, old as u64, now as u64, had);
     }
     catch_up(s);
     now

@@ -7,7 +7,7 @@
 //!   beside it; under 64 MiB limits there is no hook and no lazy call;
 //! * `free` cannot know a block's size without a lookup, and a block with an owner
 //!   record (2 MiB and up, once a scope exists) must credit the scope that owns it: no
-//!   free is lazy once [`face::scopes_used`], which never goes back, and no thread
+//!   free is lazy once [`scopes::scopes_used`], which never goes back, and no thread
 //!   turns lazy after it. Until then no thread is attached to a scope, so every lazy
 //!   call is the process's; a thread that attaches settles first;
 //! * every other jemalloc call that moves a total is counted by its caller (a big
@@ -25,16 +25,19 @@
 //! from the hook and `catch_up`), which this module is below.
 
 use crate::malloc::thread::{slot, Slot};
-use memquota_core::face::{self, bulk, Lazy};
+use memquota_core::seam::{
+    hot::{bulk, Lazy},
+    scopes,
+};
 
-/// [`face::Face::unseen`]: what the calling thread owes, handed to the ledger.
+/// `Face::unseen`: what the calling thread owes, handed to the ledger.
 pub(crate) fn unseen() -> i64 {
     bulk::unseen(&slot().bulk)
 }
 
-/// [`face::Face::lazy`]: lazy while the slack allows it and no scope has begun.
+/// `Face::lazy`: lazy while the slack allows it and no scope has begun.
 pub(crate) fn rearm(slack: u64) -> Lazy {
-    bulk::rearm(&slot().bulk, slack, !face::scopes_used())
+    bulk::rearm(&slot().bulk, slack, !scopes::scopes_used())
 }
 
 /// [`bulk::guarded`] on the thread's slot.

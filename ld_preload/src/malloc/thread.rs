@@ -7,7 +7,7 @@
 //! allocation, valid from the thread's first instruction to its last. The exit flush
 //! is a pthread key destructor, which runs before the thread's TLS goes away.
 
-use memquota_core::face::{self, Bulk, Local};
+use memquota_core::seam::hot::{self, Bulk, Local};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 
@@ -120,7 +120,7 @@ pub(crate) fn slot() -> &'static Slot {
     unsafe { &*(p as *const Slot) }
 }
 
-/// [`face::Face::local`]: the calling thread's ledger state, always there.
+/// [`hot::Face::local`]: the calling thread's ledger state, always there.
 pub(crate) fn local_opt() -> Option<&'static Local> {
     Some(local())
 }
@@ -143,18 +143,18 @@ static CTL_READY: AtomicBool = AtomicBool::new(false);
 /// tree is set up (a no-op before).
 pub(crate) fn find_totals() {
     if CTL_READY.load(Acquire) {
-        face::bulk::find_totals(&slot().bulk);
+        hot::bulk::find_totals(&slot().bulk);
     }
 }
 
 /// From the constructor, outside any jemalloc call: sets jemalloc's control tree up,
 /// then lets threads find their totals.
 pub(crate) fn ctl_ready() {
-    face::bulk::find_totals(&slot().bulk); // the first mallctl sets the tree up
+    hot::bulk::find_totals(&slot().bulk); // the first mallctl sets the tree up
     CTL_READY.store(true, Release);
 }
 
-/// [`face::Face::register_exit`]: the exit flush, a pthread key destructor.
+/// [`hot::Face::register_exit`]: the exit flush, a pthread key destructor.
 pub(crate) fn register_exit() -> bool {
     find_totals();
     let key = match KEY.load(Acquire) {
@@ -199,5 +199,5 @@ pub(crate) fn after_fork_child() {
 }
 
 extern "C" fn exit_flush(_: *mut libc::c_void) {
-    face::thread_exit(local());
+    hot::thread_exit(local());
 }

@@ -15,7 +15,7 @@
 
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
-use memquota_core::face::vars::{REPORT, REPORT_PID};
+use memquota_core::seam::process::vars::{REPORT, REPORT_PID};
 
 /// Which processes print the summary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,5 +134,5 @@ pub(crate) fn write_at_exit(summary: impl FnOnce() -> String) {
     let same = identity(fd).is_some_and(|id| id == (KEPT_DEV.load(Relaxed), KEPT_INO.load(Relaxed)));
     // Our copy, unless the program closed that number (it may now name another file):
     // then fd 2, as well as it can be.
-    memquota_core::face::write_fd(if same { fd } else { libc::STDERR_FILENO }, &text);
+    memquota_core::seam::text::write_fd(if same { fd } else { libc::STDERR_FILENO }, &text);
 }

@@ -5,7 +5,8 @@
 use crate::malloc::charge::FACE;
 use crate::process::exit_report::{self, Report};
 use crate::process::stats_file::{self, When};
-use memquota_core::{face, Config, Stats};
+use memquota_core::seam::{hot, process, slow, text};
+use memquota_core::{Config, Stats};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering::*};
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 /// (bounded over-commit instead). See docs/preload.md for the measurement behind it.
 const DEFAULT_REFUSE_MIN: u64 = 4 << 20;
 
-use memquota_core::face::vars::{STATS_FILE, STATS_INTERVAL};
+use memquota_core::seam::process::vars::{STATS_FILE, STATS_INTERVAL};
 
 #[used]
 #[link_section = ".init_array"]
@@ -36,7 +37,7 @@ static WRITER_STARTED: AtomicBool = AtomicBool::new(false);
 static AT_EXIT_REGISTERED: AtomicBool = AtomicBool::new(false);
 
 fn fail(message: &str) -> ! {
-    memquota_core::face::write_stderr(&format!("{message}\n"));
+    memquota_core::seam::text::write_stderr(&format!("{message}\n"));
     // SAFETY: _exit has no preconditions; no atexit handler may run half-configured.
     unsafe { libc::_exit(2) }
 }
@@ -50,7 +51,7 @@ pub(crate) fn with_preload_defaults(
 ) -> impl Fn(&'static str) -> Option<String> {
     move |var| {
         get(var).or_else(|| {
-            (var == memquota_core::face::vars::REFUSE_MIN).then(|| DEFAULT_REFUSE_MIN.to_string())
+            (var == memquota_core::seam::process::vars::REFUSE_MIN).then(|| DEFAULT_REFUSE_MIN.to_string())
         })
     }
 }
@@ -61,15 +62,15 @@ pub(crate) fn env_lookup(var: &'static str) -> Option<String> {
 }
 
 extern "C" fn on_load() {
-    face::self_check(); // jemalloc has started by now, if it had not
+    hot::self_check(); // jemalloc has started by now, if it had not
     crate::malloc::thread::ctl_ready();
     crate::process::malloc_conf::warn_about_what_has_no_effect();
     let mut config =
         Config::from_lookup(with_preload_defaults(env_lookup)).unwrap_or_else(|e| fail(&e.to_string()));
     let metrics = config.take_metrics_addr();
-    face::adopt(&FACE);
+    process::adopt(&FACE);
     memquota_core::init(config).unwrap_or_else(|e| fail(&e.to_string()));
-    crate::malloc::charge::register(face::threshold_for(memquota_core::process_account().limit));
+    crate::malloc::charge::register(process::threshold_for(memquota_core::process_account().limit));
     if let Some(addr) = metrics {
         // Children inherit the variable with LD_PRELOAD, and the first process holds
         // the port: a failed bind is a warning, not a reason to stop the program.
@@ -81,7 +82,7 @@ extern "C" fn on_load() {
                 other => other.to_string(),
             };
             let pid = std::process::id();
-            memquota_core::face::write_stderr(&format!(
+            memquota_core::seam::text::write_stderr(&format!(
                 "memquota: metrics endpoint not started in pid {pid}: {why}\n"
             ));
         }
@@ -108,7 +109,7 @@ pub(crate) fn write_stats_to(path: String) {
         return;
     }
     // Charged, never refused or made to wait.
-    let _ = face::spawn_service("memquota-stats", || loop {
+    let _ = process::spawn_service("memquota-stats", || loop {
         // A period, not a synchronisation.
         std::thread::sleep(Duration::from_nanos(INTERVAL_NS.load(Relaxed)));
         write_stats_file(When::Interval);
@@ -124,12 +125,12 @@ fn register_at_exit() {
 
 /// The load address of the object that contains `addr`.
 pub(crate) fn object_base(addr: *const libc::c_void) -> Option<usize> {
-    face::object_of(addr as usize).map(|(base, _)| base)
+    process::object_of(addr as usize).map(|(base, _)| base)
 }
 
 /// The path this library was loaded from, as the dynamic linker saw it.
 pub(crate) fn own_path() -> Option<String> {
-    let (_, path) = face::object_of(own_path as *const () as usize)?;
+    let (_, path) = process::object_of(own_path as *const () as usize)?;
     std::fs::canonicalize(path?).ok().map(|p| p.to_string_lossy().into_owned())
 }
 
@@ -149,14 +150,14 @@ fn read_settings() -> Result<Settings, String> {
 }
 
 fn parse_interval(v: &str) -> Option<Duration> {
-    face::parse_duration(v).filter(|d| *d >= face::MIN_STATS_INTERVAL)
+    process::parse_duration(v).filter(|d| *d >= process::MIN_STATS_INTERVAL)
 }
 
 /// Writes the Prometheus text to the stats file (`stats_file.rs`).
 fn write_stats_file(when: When) {
     // SAFETY: STATS_PATH holds null or a `Box::into_raw` pointer that is never freed.
     let Some(path) = (unsafe { STATS_PATH.load(Acquire).as_ref() }) else { return };
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
     let stats = memquota_core::stats();
     stats_file::write(path, when, stats.process_rss_peak, |text| {
         let _ = memquota_core::write_prometheus(text, &stats);
@@ -164,18 +165,18 @@ fn write_stats_file(when: When) {
 }
 
 extern "C" fn at_exit() {
-    face::flush_thread(&FACE);
+    slow::flush_thread(&FACE);
     // Refusals a report window only counted are summed up before the program ends.
-    face::flush_quiet();
+    text::flush_quiet();
     // The untracked figure as it is at exit, not as the last periodic sample saw it.
-    face::sample_untracked();
+    process::sample_untracked();
     write_stats_file(When::Exit);
     exit_report::write_at_exit(|| summary(&memquota_core::stats()));
 }
 
 /// A byte count for the summary: `64.0 MiB`.
 fn size(b: u64) -> String {
-    format!("{:#}", face::Size(b))
+    format!("{:#}", text::Size(b))
 }
 
 fn summary(s: &Stats) -> String {
@@ -205,8 +206,8 @@ fn summary(s: &Stats) -> String {
         s.overcommits,
     );
     text.push_str("  cgroup         ");
-    let _ = face::write_container(&mut text, &s.container);
-    let _ = face::write_untracked_note(&mut text, s.untracked_peak, s.native_peak, s);
+    let _ = text::write_container(&mut text, &s.container);
+    let _ = text::write_untracked_note(&mut text, s.untracked_peak, s.native_peak, s);
     text
 }
 

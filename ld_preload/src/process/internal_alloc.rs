@@ -4,7 +4,7 @@
 //! reclaim, wherever they happen.
 
 use crate::malloc::charge::FACE;
-use memquota_core::face;
+use memquota_core::seam::slow;
 use std::alloc::{GlobalAlloc, Layout};
 use tikv_jemalloc_sys as jem;
 
@@ -37,7 +37,7 @@ unsafe impl GlobalAlloc for Internal {
         if !p.is_null() {
             // SAFETY: nallocx has no preconditions; with mallocx's size and flags it
             // gives the usable size just allocated.
-            face::record(&FACE, unsafe { jem::nallocx(layout.size(), f) } as i64);
+            slow::record(&FACE, unsafe { jem::nallocx(layout.size(), f) } as i64);
         }
         crate::malloc::charge::catch_up(s);
         p.cast()
@@ -56,7 +56,7 @@ unsafe impl GlobalAlloc for Internal {
         // SAFETY: `ptr` is live and came from `alloc` with this layout (this function's
         // contract), so from mallocx with this size and these flags.
         crate::malloc::lazy::guarded(s, || unsafe { jem::sdallocx(ptr.cast(), layout.size(), f) });
-        face::record(&FACE, -(usable as i64));
+        slow::record(&FACE, -(usable as i64));
         crate::malloc::charge::catch_up(s);
     }
 }

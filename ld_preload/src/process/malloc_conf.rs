@@ -15,7 +15,7 @@
 //! no effect under memquota ([`warn_about_what_has_no_effect`]).
 
 use libc::c_char;
-use memquota_core::face;
+use memquota_core::seam::{process, text};
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering::*};
@@ -62,7 +62,7 @@ fn join_into(buf: &mut [u8], pieces: &[&[u8]]) -> bool {
 }
 
 /// What jemalloc is given for its variable: memquota's own option if neither string
-/// chooses how jemalloc purges ([`face::added_jemalloc_options`]), then `plain`
+/// chooses how jemalloc purges ([`process::added_jemalloc_options`]), then `plain`
 /// (`MALLOC_CONF`), then `prefixed` (`_RJEM_MALLOC_CONF`, what it would have got),
 /// either of them null when unset. Allocates nothing: jemalloc is starting.
 ///
@@ -77,7 +77,7 @@ unsafe fn options_for_jemalloc(plain: *const c_char, prefixed: *mut c_char) -> *
     let (first, second) = (set(plain), set(prefixed.cast_const()));
     // SAFETY: JOINED is written only here (see its Sync impl): the caller set ASKED.
     let buf = unsafe { &mut *JOINED.0.get() };
-    if let Some(ours) = face::added_jemalloc_options(&[text(first), text(second)]) {
+    if let Some(ours) = process::added_jemalloc_options(&[text(first), text(second)]) {
         let mut pieces: [&[u8]; 3] = [ours.as_bytes(), b"", b""];
         let mut n = 1;
         for piece in [first, second].into_iter().flatten() {
@@ -230,7 +230,7 @@ fn programs_malloc_conf() -> Option<String> {
 }
 
 fn warn(line: &str) {
-    face::write_stderr(line);
+    text::write_stderr(line);
 }
 
 #[cfg(test)]
@@ -266,7 +266,7 @@ mod tests {
             // NUL-terminated and alive for this test.
             unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned()
         };
-        let ours = face::added_jemalloc_options(&[]).unwrap();
+        let ours = process::added_jemalloc_options(&[]).unwrap();
         // A user who chose how jemalloc purges gets exactly their options.
         assert_eq!(join(null, prefixed), prefixed, "unchanged");
         assert_eq!(join(c"".as_ptr(), prefixed), prefixed, "empty is unset");

@@ -6,7 +6,7 @@
 //! that matters: Spark's executor deletes its directories with `rm -rf` from a
 //! shutdown hook, and that `rm`, preloaded too, wrote its own 4 MiB figures over
 //! the executor's while the executor was still exiting. So the file's first line
-//! names its writer (`face::StatsWriter`: pid, start time, peak RSS), and a process
+//! names its writer (`text::StatsWriter`: pid, start time, peak RSS), and a process
 //! leaves the file as it is when another process with a higher peak RSS wrote it and
 //! still runs. At exit it also leaves a file that a bigger process wrote since this
 //! one began writing stats, even if that process has ended: a parent's last figures
@@ -22,7 +22,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
-use memquota_core::face::{self, StatsWriter as Writer};
+use memquota_core::seam::{process, text::StatsWriter as Writer};
 
 /// When this process began writing stats (its first stats path; a fork child keeps
 /// its parent's).
@@ -108,7 +108,7 @@ pub(crate) fn write(given: &str, when: When, rss_peak: u64, render: impl FnOnce(
     let pid = std::process::id();
     let path = &path_for(given, pid);
     // Without /proc the writers cannot be told apart (start 0): the file is written.
-    let start = face::running_since(pid).unwrap_or(0);
+    let start = process::running_since(pid).unwrap_or(0);
     let me = Writer { pid, start, rss_peak };
     if left_to_another(path, &me, when) {
         return;
@@ -143,7 +143,7 @@ fn left_to_another(path: &str, me: &Writer, when: When) -> bool {
     let Some(other) = std::str::from_utf8(&head[..n]).ok().and_then(Writer::parse) else { return false };
     let since = *STARTED.get_or_init(SystemTime::now) - CLOCK_SLACK;
     let written_since = meta.modified().is_ok_and(|at| at >= since);
-    let runs = face::running_since(other.pid) == Some(other.start);
+    let runs = process::running_since(other.pid) == Some(other.start);
     yields(me, &other, when, runs, written_since)
 }
 

@@ -28,7 +28,7 @@ pub fn assert_ok(out: &Output, what: &str) {
 
 /// The `MEMQUOTA_*` variables a test must not inherit from the shell that runs it.
 pub fn inherited_vars() -> impl Iterator<Item = &'static str> {
-    memquota_core::face::ENV_VARS.iter().map(|(v, _)| *v).chain([
+    memquota_core::seam::process::ENV_VARS.iter().map(|(v, _)| *v).chain([
         "MEMQUOTA_REPORT",
         "MEMQUOTA_REPORT_PID",
         "MEMQUOTA_STATS_FILE",

@@ -11,9 +11,8 @@ pub(crate) mod retry;
 pub(crate) mod signal;
 pub(crate) mod spin;
 
-pub use budget::MAX_BUDGETS;
 pub use owner::OWNED_MIN;
-pub use pool::{MAX_CONSUMERS, MAX_SCOPES};
+pub(crate) use pool::MAX_SCOPES;
 
 use pool::POOL;
 use std::fmt;
