@@ -4,6 +4,7 @@
 //! rule driven by two tasks that each need more than half the memory. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release -p memquota --lib loom`.
 
+use crate::base::sync::{unmodelled, Ordering::Relaxed};
 use crate::ledger::account::Account;
 use crate::ledger::tables::machine::{Active, Machine, State};
 use crate::policy::coordinator::{Coordinator, Run, SyncOutcome, Timing};
@@ -202,7 +203,7 @@ fn task(world: &(Mutex<World>, Condvar), t: usize) {
 }
 
 /// Rollbacks of the younger task over all the interleavings explored.
-static ROLLED_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ROLLED_BACK: unmodelled::AtomicUsize = unmodelled::AtomicUsize::new(0);
 
 #[test]
 fn loom_retry_machine_completes_both_tasks_and_never_rolls_back_the_older() {
@@ -228,8 +229,8 @@ fn loom_retry_machine_completes_both_tasks_and_never_rolls_back_the_older() {
         assert_eq!(w.done, [true, true]);
         assert_eq!(w.free, 2, "everything given back");
         assert_eq!(w.rollbacks[0], 0, "the older task is never rolled back");
-        ROLLED_BACK.fetch_add(w.rollbacks[1] as usize, std::sync::atomic::Ordering::Relaxed);
+        ROLLED_BACK.fetch_add(w.rollbacks[1] as usize, Relaxed);
     });
     // Some interleaving deadlocked (each holding one unit) and was broken.
-    assert!(ROLLED_BACK.load(std::sync::atomic::Ordering::Relaxed) > 0, "no interleaving needed the rule");
+    assert!(ROLLED_BACK.load(Relaxed) > 0, "no interleaving needed the rule");
 }

@@ -28,12 +28,11 @@
 
 use crate::base::stats::HeapBytes;
 use crate::base::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
+use crate::base::sync::{AtomicBool, AtomicU64, OnceLock, Ordering::*};
 use crate::base::text::write_stderr;
 use crate::policy::heap_probe::set_heap_bytes;
 use jni::objects::{JObject, JString, JValue};
 use jni::{JNIEnv, JavaVM};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 /// How often the driver reads the heap when nothing else wakes it.

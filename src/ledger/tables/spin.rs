@@ -9,9 +9,9 @@
 //! that reaches the report, which reads the tables): the lock knows its holder, and a
 //! second take by the holder aborts with a message instead of hanging the process.
 
+use crate::base::sync::{AtomicBool, AtomicUsize, Ordering::*};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
