@@ -19,7 +19,9 @@
 use std::cell::UnsafeCell;
 use std::time::Duration;
 
+// Under loom only the models' modules are built, which use a few of these names.
 #[cfg(loom)]
+#[allow(unused_imports)]
 pub(crate) use loom::sync::{
     atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, AtomicUsize},
     Arc, Condvar, Mutex, MutexGuard,
@@ -34,9 +36,17 @@ pub(crate) use std::sync::{
 /// loom's `Ordering` is std's.
 pub(crate) use std::sync::atomic::Ordering;
 
+/// What a spin loop does while it waits: under loom, yields to the other model
+/// threads (a loop that does not would be explored forever).
+#[cfg(loom)]
+pub(crate) use loom::{hint::spin_loop, thread::yield_now};
+#[cfg(not(loom))]
+pub(crate) use std::{hint::spin_loop, thread::yield_now};
+
 /// std's under loom too: loom has no `OnceLock`, and its `mpsc` no `sync_channel`.
 /// Their users (the settings' hook, the fork handlers' table, the purge thread, the
 /// JVM driver, the metrics endpoint) sit outside the models.
+#[cfg_attr(loom, allow(unused_imports))]
 pub(crate) use std::sync::{mpsc, OnceLock};
 
 /// std's atomics under loom too, for what a model must not see: the statics of a
