@@ -53,7 +53,7 @@ pub(crate) use std::sync::{mpsc, OnceLock};
 /// module built under loom (`settings`: loom's atomics have no `const fn new`) and
 /// counters that add up over all of a model's executions (`loom_tests`).
 pub(crate) mod unmodelled {
-    #[cfg(loom)]
+    #[cfg(all(loom, test))]
     pub(crate) use std::sync::atomic::AtomicUsize;
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8};
 }
