@@ -1,12 +1,16 @@
 //! loom models of the races that matter: the single-flight reclaim coordinator,
 //! concurrent charges against a ceiling (the `cap` crate's bug: a failed unsigned
-//! `fetch_sub` let another thread over-allocate), and the retry machine's deadlock
-//! rule driven by two tasks that each need more than half the memory. Run with
+//! `fetch_sub` let another thread over-allocate), the retry machine's deadlock
+//! rule driven by two tasks that each need more than half the memory, and the scope
+//! tables' spin lock. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release -p memquota --lib loom`.
 
+use crate::base::sync::{unmodelled, Ordering::Relaxed};
 use crate::ledger::account::Account;
 use crate::ledger::tables::machine::{Active, Machine, State};
+use crate::ledger::tables::spin::SpinLock;
 use crate::policy::coordinator::{Coordinator, Run, SyncOutcome, Timing};
+use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 use loom::thread;
@@ -111,6 +115,32 @@ fn loom_charges_never_pass_the_ceiling() {
     });
 }
 
+/// The scope tables' spin lock: two threads' critical sections never overlap, and
+/// each sees what the one before it wrote (loom's cell reports an access that the
+/// lock's Acquire and Release do not order after the last one).
+#[test]
+fn loom_spin_lock_excludes_and_publishes() {
+    loom::model(|| {
+        let lock = Arc::new(SpinLock::new((UnsafeCell::new(0u32), AtomicUsize::new(0))));
+        let enter = |lock: &SpinLock<(UnsafeCell<u32>, AtomicUsize)>| {
+            let g = lock.lock();
+            // Relaxed: the count must not order the cell's accesses, the lock must.
+            assert_eq!(g.1.fetch_add(1, Relaxed), 0, "two threads inside at once");
+            // SAFETY: loom's cell checks this access itself; the guard is the claim.
+            g.0.with_mut(|n| unsafe { *n += 1 });
+            g.1.fetch_sub(1, Relaxed);
+        };
+        let other = {
+            let lock = lock.clone();
+            thread::spawn(move || enter(&lock))
+        };
+        enter(&lock);
+        other.join().unwrap();
+        // SAFETY: as above.
+        assert_eq!(lock.lock().0.with(|n| unsafe { *n }), 2);
+    });
+}
+
 /// Two tasks' memory and the retry machine, under one lock (the real code has the
 /// machine's mutex and the pool's lock; waits there also poll, which would hide a
 /// lost wake-up: here waits end by notification only).
@@ -202,7 +232,7 @@ fn task(world: &(Mutex<World>, Condvar), t: usize) {
 }
 
 /// Rollbacks of the younger task over all the interleavings explored.
-static ROLLED_BACK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ROLLED_BACK: unmodelled::AtomicUsize = unmodelled::AtomicUsize::new(0);
 
 #[test]
 fn loom_retry_machine_completes_both_tasks_and_never_rolls_back_the_older() {
@@ -228,8 +258,8 @@ fn loom_retry_machine_completes_both_tasks_and_never_rolls_back_the_older() {
         assert_eq!(w.done, [true, true]);
         assert_eq!(w.free, 2, "everything given back");
         assert_eq!(w.rollbacks[0], 0, "the older task is never rolled back");
-        ROLLED_BACK.fetch_add(w.rollbacks[1] as usize, std::sync::atomic::Ordering::Relaxed);
+        ROLLED_BACK.fetch_add(w.rollbacks[1] as usize, Relaxed);
     });
     // Some interleaving deadlocked (each holding one unit) and was broken.
-    assert!(ROLLED_BACK.load(std::sync::atomic::Ordering::Relaxed) > 0, "no interleaving needed the rule");
+    assert!(ROLLED_BACK.load(Relaxed) > 0, "no interleaving needed the rule");
 }

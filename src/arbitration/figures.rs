@@ -1,10 +1,10 @@
 //! A scope's figures: stats snapshots for export and the report a scope leaves when
 //! it ends. Built from copies taken under the pool lock; formatted outside it.
 
+use crate::base::sync::Ordering::Relaxed;
 use crate::ledger::tables::owner;
 use crate::ledger::tables::pool::{self, Scope, MAX_CONSUMERS, MAX_SCOPES, POOL};
 use std::fmt;
-use std::sync::atomic::Ordering::Relaxed;
 
 pub(crate) fn snapshot() -> ScopeSnapshot {
     let mut scopes: Vec<(u64, Scope)> = Vec::with_capacity(MAX_SCOPES);

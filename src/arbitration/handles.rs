@@ -7,12 +7,12 @@ use super::figures::{snapshot, ConsumerStats, ScopeAccount, ScopeReport, ScopeSt
 use super::spill::{self, SpillFn};
 use super::{attach_raw, detach_raw, end_raw, release_raw, reserve_raw};
 use crate::base::error::{Error, Result};
+use crate::base::sync::Arc;
 use crate::ledger::tables::pool::{Among, Ask, POOL};
 use crate::ledger::threads::Face;
 use crate::ledger::threads::ACCOUNT;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
 
 /// A running scope. Ends when dropped (a leak is then written to the report hook);
 /// [`TaskScope::end`] ends it and returns the report instead.

@@ -31,11 +31,11 @@ pub use retry::{
 };
 
 use crate::base::error::{Error, Result};
+use crate::base::sync::Ordering::Acquire;
 use crate::ledger::tables::pool::{Ask, POOL};
 use crate::ledger::tables::retry::Rollback;
 use crate::ledger::tables::{attribute, owner, signal, OWNED_MIN};
 use crate::ledger::threads::{self, Face, ACCOUNT};
-use std::sync::atomic::Ordering::Acquire;
 use std::time::Duration;
 
 /// A charge of `bytes` on a thread attached to `handle`, from `charge_slow` (busy).

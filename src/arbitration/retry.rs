@@ -11,13 +11,13 @@ use super::handles::{AttachGuard, TaskScope};
 use super::{attach_raw, detach_raw};
 use crate::base::error::{Error, Result};
 use crate::base::settings::quota;
+use crate::base::sync::{AtomicU64, MutexGuard, Ordering::Relaxed};
 use crate::ledger::tables::pool::POOL;
 use crate::ledger::tables::retry::{active_tasks, machine, rank_of, Active, Machine, Rollback, State};
 use crate::ledger::tables::signal::{self, Waiter};
 use crate::ledger::tables::MAX_SCOPES;
 use crate::ledger::threads::{self, Face, Local, ACCOUNT};
 use crate::policy::heap_probe;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Attempts one thread may run again after rollbacks before the error is returned.
@@ -137,7 +137,7 @@ fn scope_ended(m: &mut Machine, i: usize) -> Verdict {
 }
 
 /// Runs the deadlock rule; true if it acted (the waiters were woken to see it).
-fn resolve(mut m: std::sync::MutexGuard<'_, Machine>, tasks: &Tasks) -> bool {
+fn resolve(mut m: MutexGuard<'_, Machine>, tasks: &Tasks) -> bool {
     let acted = m.resolve(tasks.get()).is_some();
     drop(m);
     if acted {

@@ -7,11 +7,10 @@
 //! path: what it allocates is charged but never refused and never waits, and what it
 //! frees or releases is seen at once.
 
+use crate::base::sync::{Arc, AtomicUsize, Ordering::Relaxed};
 use crate::ledger::tables::pool::{Pool, MAX_CONSUMERS, POOL};
 use crate::ledger::tables::spin::SpinLock;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
 
 /// A spill callback: asked to free about `target` bytes, returns the bytes it freed.
 pub type SpillFn = dyn Fn(u64) -> u64 + Send + Sync;

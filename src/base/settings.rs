@@ -5,8 +5,8 @@
 
 use crate::base::config::{Config, HeapMode, Limit, OnOom, Untracked};
 use crate::base::quota::{threshold_for, Quota, MIN_THRESHOLD};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::*};
-use std::sync::OnceLock;
+use crate::base::sync::unmodelled::{AtomicBool, AtomicI64, AtomicU64, AtomicU8};
+use crate::base::sync::{OnceLock, Ordering::*};
 use std::time::Duration;
 
 const UNCONFIGURED: u8 = 0;

@@ -3,7 +3,7 @@
 //! from the preload's constructor); any mismatch (a jemalloc built with another
 //! quantum or page size) switches to `nallocx`.
 
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
+use crate::base::sync::{AtomicBool, AtomicU16, Ordering::Relaxed};
 
 static USE_NALLOCX: AtomicBool = AtomicBool::new(false);
 /// Requests under this are looked up in [`SMALL`].

@@ -27,13 +27,13 @@
 //! [`install`] from `JNI_OnLoad`).
 
 use crate::seam::process;
-use crate::seam::sync::{lock, wait_timeout, Condvar, ForkHeld, Mutex, MutexGuard};
+use crate::seam::sync::{
+    lock, wait_timeout, AtomicBool, AtomicU64, Condvar, ForkHeld, Mutex, MutexGuard, OnceLock, Ordering::*,
+};
 use crate::seam::text::write_stderr;
 use crate::{set_heap_bytes, HeapBytes};
 use jni::objects::{JObject, JString, JValue};
 use jni::{JNIEnv, JavaVM};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 /// How often the driver reads the heap when nothing else wakes it.

@@ -6,7 +6,7 @@
 //! clamp at zero, nothing wraps.
 
 use crate::base::sync::AtomicI64;
-use std::sync::atomic::Ordering::Relaxed;
+use crate::base::sync::Ordering::Relaxed;
 
 /// Process-wide counters. Aligned to its own 128-byte block (two cache lines, which is
 /// what the adjacent-line prefetcher pulls in) because every flush of every thread

@@ -57,9 +57,9 @@
 //!   at jemalloc's next own event.
 
 use crate::base::size_class::SMALL_MAX;
+use crate::base::sync::{AtomicU64, Ordering::*};
 use crate::ledger::threads::Lazy;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering::*};
 use tikv_jemalloc_sys as jem;
 
 /// One thread's bulk-counting state. All-zero bytes are the valid initial state (not

@@ -11,9 +11,12 @@ pub(crate) mod tables;
 #[cfg(not(loom))]
 pub(crate) mod threads;
 
-// Under loom, of the tables only the pure retry machine (its loom model).
+// Under loom, of the tables only the pure retry machine and the spin lock (their loom
+// models).
 #[cfg(loom)]
 pub(crate) mod tables {
     #[path = "machine.rs"]
     pub(crate) mod machine;
+    #[path = "spin.rs"]
+    pub(crate) mod spin;
 }

@@ -50,10 +50,10 @@ mod rust_tls;
 pub(crate) use rust_tls::{with as with_rust_local, RUST_FACE};
 
 use crate::base::settings::threshold;
+use crate::base::sync::{AtomicI64, AtomicPtr, AtomicU64, Ordering::Relaxed};
 use crate::ledger::account::Account;
 use crate::ledger::tables;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU64, Ordering::Relaxed};
 
 /// The process's tracked native bytes.
 pub(crate) static ACCOUNT: Account = Account::new();

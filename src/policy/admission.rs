@@ -285,7 +285,7 @@ pub(crate) fn refuse(bytes: i64, throttle: Option<Throttle>, worst: OnOom) -> bo
     let policy = if abort { OnOom::Abort } else { OnOom::Null };
     let mark = report::Mark {
         scopes: crate::ledger::tables::begun(),
-        futile: reclaim::counts().futile.load(std::sync::atomic::Ordering::Relaxed),
+        futile: reclaim::counts().futile.load(crate::base::sync::Ordering::Relaxed),
         limit: quota().limit,
     };
     if let Some(turn) = report::turn(bytes as u64, mark, abort) {

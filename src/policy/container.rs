@@ -22,11 +22,11 @@ use crate::base::cgroup::{Cgroup, Figures, Pressure};
 use crate::base::quota::Quota;
 use crate::base::settings;
 use crate::base::stats::{ContainerStats, PressureSource};
+use crate::base::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use crate::ledger::threads::ACCOUNT;
 use crate::policy::heap_probe;
 use crate::policy::purge;
 use crate::policy::reclaim;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Time between two readings of the cgroup's files (the sampler may pass more often).

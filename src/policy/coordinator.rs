@@ -16,8 +16,8 @@
 //! The reclaim itself is a closure handed in by the caller, and this type holds no
 //! lock while it runs, so a callback may allocate, or take its own locks, freely.
 
+use crate::base::sync::Ordering::Relaxed;
 use crate::base::sync::{lock, wait, wait_timeout, AtomicU64, Condvar, ForkHeld, Mutex, MutexGuard};
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// How many past reclaims are kept for the OOM report.

@@ -4,7 +4,7 @@
 //! [`outside`] gives the whole of what the budget counts beside the native account.
 
 use crate::base::stats::HeapBytes;
-use std::sync::atomic::{
+use crate::base::sync::{
     AtomicPtr, AtomicU64, AtomicU8,
     Ordering::{Acquire, Relaxed, Release},
 };

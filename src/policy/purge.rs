@@ -34,9 +34,8 @@
 
 use crate::base::quota::Quota;
 use crate::base::stats::{ctl, JemallocStats};
+use crate::base::sync::{AtomicBool, AtomicU64, AtomicU8, OnceLock, Ordering::*};
 use std::ffi::CStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering::*};
-use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 

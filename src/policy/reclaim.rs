@@ -2,6 +2,7 @@
 //! (`coordinator.rs`), the background worker, and the measure of what a run freed.
 
 use crate::base::settings;
+use crate::base::sync::{AtomicBool, AtomicPtr, Ordering::*};
 use crate::ledger::threads::{self, Face, Local, ACCOUNT};
 use crate::policy::coordinator::{
     Coordinator, Counts, ReclaimRecord, Run, SyncOutcome, Throttle, Timing, HISTORY,
@@ -9,7 +10,6 @@ use crate::policy::coordinator::{
 use crate::policy::heap_probe;
 use crate::policy::purge;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering::*};
 
 /// A reclaim callback: asked to free about `need` bytes.
 type ReclaimFn = dyn Fn(usize) + Send + Sync;

@@ -13,14 +13,13 @@
 
 use crate::base::config::{HeapMode, OnOom};
 use crate::base::stats::{ContainerStats, PressureSource, Stats};
-use crate::base::sync::{lock, ForkHeld, Mutex, MutexGuard};
+use crate::base::sync::{
+    lock, AtomicBool, AtomicU64, AtomicUsize, ForkHeld, Mutex, MutexGuard,
+    Ordering::{Acquire, Relaxed, Release},
+};
 use crate::base::text::{write_stderr, FixedBuf, Size};
 use crate::policy::coordinator::{ReclaimKind, ReclaimRecord, Throttle, HISTORY};
 use std::fmt::{self, Write};
-use std::sync::atomic::{
-    AtomicBool, AtomicU64, AtomicUsize,
-    Ordering::{Acquire, Relaxed, Release},
-};
 use std::time::{Duration, Instant};
 
 /// A receiver of OOM reports. Called on the refusing thread, inside the allocator,

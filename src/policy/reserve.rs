@@ -30,8 +30,8 @@
 //! Exported: what is left (`memquota_emergency_reserve_bytes`) and the draws
 //! (`memquota_emergency_grants_total`).
 
+use crate::base::sync::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use crate::ledger::threads::{self, Local};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// The reserve's largest size.
 pub const RESERVE_MAX: u64 = 1 << 20;

@@ -15,12 +15,12 @@ use crate::base::host;
 use crate::base::quota::Quota;
 use crate::base::settings;
 use crate::base::stats::JemallocStats;
+use crate::base::sync::{AtomicBool, AtomicU64, Ordering::*};
 use crate::ledger::threads::{self, ACCOUNT};
 use crate::policy::container;
 use crate::policy::heap_probe;
 use crate::policy::purge;
 use crate::policy::reclaim;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// Time between two samples. A sample (a `statm` read and jemalloc's statistics

@@ -3,11 +3,11 @@
 use crate::base::quota::Quota;
 use crate::base::settings::{self, heap_mode, quota};
 use crate::base::stats::{JemallocStats, ProcessAccount, Stats};
+use crate::base::sync::Ordering::Relaxed;
 use crate::ledger::threads::{self, ACCOUNT};
 use crate::policy::heap_probe;
 use crate::policy::reclaim;
 use crate::policy::report;
-use std::sync::atomic::Ordering::Relaxed;
 
 /// A snapshot of the budget. Never allocates (unless a heap probe function does), and
 /// takes no lock that the allocation path holds; it advances jemalloc's statistics

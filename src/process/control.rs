@@ -3,8 +3,8 @@
 
 use crate::base::config::Config;
 use crate::base::error::Result;
+use crate::base::sync::{AtomicBool, Ordering::*};
 use crate::ledger::threads::{self, Face};
-use std::sync::atomic::{AtomicBool, Ordering::*};
 
 static METRICS_STARTED: AtomicBool = AtomicBool::new(false);
 

@@ -8,10 +8,10 @@
 //! counted, never refused, never made to wait for a reclaim).
 
 use crate::base::error::{Error, Result};
+use crate::base::sync::mpsc::{sync_channel, Receiver, TrySendError};
+use crate::base::sync::{Arc, Mutex};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc::{sync_channel, Receiver, TrySendError};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The address used when none is given: loopback only.

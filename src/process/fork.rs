@@ -11,13 +11,12 @@
 //! None of the handlers allocates: jemalloc's own fork handlers hold its locks around
 //! ours when ours were registered first.
 
-use crate::ledger::threads;
-use crate::policy::reclaim;
-use std::sync::atomic::{
-    AtomicBool,
+use crate::base::sync::{
+    AtomicBool, OnceLock,
     Ordering::{AcqRel, Relaxed},
 };
-use std::sync::OnceLock;
+use crate::ledger::threads;
+use crate::policy::reclaim;
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 

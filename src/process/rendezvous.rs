@@ -14,8 +14,8 @@
 //! and every marker through `dlsym`. (An executable does not export it, so a Rust
 //! program's own copy is seen only by itself, which is enough: it sees the others.)
 
+use crate::base::sync::{AtomicBool, AtomicU8, Ordering::Relaxed};
 use crate::base::text::write_stderr;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::Relaxed};
 
 /// This copy's marker, found by the others with `dlsym`. 0 until a warning has named
 /// this copy; then 1, so that a set of copies is reported once, by whichever looks
@@ -49,9 +49,9 @@ pub(crate) fn check() {
 #[cfg(target_os = "linux")]
 mod linux {
     use super::write_stderr;
+    use crate::base::sync::{AtomicBool, AtomicU8, Ordering::*};
     use libc::{c_int, c_void, dl_phdr_info, size_t};
     use std::ffi::{CStr, CString};
-    use std::sync::atomic::{AtomicBool, AtomicU8, Ordering::*};
 
     const MARKER: &CStr = c"memquota_budget";
     /// Exported by `libmemquota.so` (the preload and JVMTI agent) alone.

@@ -14,9 +14,9 @@ pub(crate) mod spin;
 pub use owner::OWNED_MIN;
 pub(crate) use pool::MAX_SCOPES;
 
+use crate::base::sync::{AtomicU64, Ordering::Relaxed};
 use pool::POOL;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// The scope whose request is being refused, for the report (0: none).
 static REFUSING: AtomicU64 = AtomicU64::new(0);

@@ -15,7 +15,7 @@
 
 use super::spin::SpinLock;
 use crate::base::quota::MAX_THRESHOLD;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use crate::base::sync::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// Blocks of at least this many bytes get owner records.
 pub const OWNED_MIN: u64 = 2 * MAX_THRESHOLD;

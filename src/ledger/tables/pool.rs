@@ -16,12 +16,12 @@
 
 use super::budget::{self, Entry, FIRST_INDEX, MAX_BUDGETS};
 use super::spin::SpinLock;
-use crate::base::text::SignedSize;
-use std::fmt::{self, Write};
-use std::sync::atomic::{
+use crate::base::sync::{
     AtomicBool, AtomicU64,
     Ordering::{Relaxed, Release},
 };
+use crate::base::text::SignedSize;
+use std::fmt::{self, Write};
 
 /// Scopes alive at once.
 pub const MAX_SCOPES: usize = 256;

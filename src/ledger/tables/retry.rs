@@ -8,7 +8,7 @@ pub use super::machine::{Active, Machine, Rank, Rollback, State};
 use super::pool::POOL;
 use crate::base::stats::RetryStats;
 use crate::base::sync::{lock, ForkHeld};
-use std::sync::{Mutex, MutexGuard};
+use crate::base::sync::{Mutex, MutexGuard};
 
 static MACHINE: Mutex<Machine> = Mutex::new(Machine::new());
 static HELD: ForkHeld<MutexGuard<'static, Machine>> = ForkHeld::new();

@@ -2,10 +2,10 @@
 //! change that lowers a scope's charge wakes them. It sits beside the tables because
 //! a flush of a thread's delta (the ledger) is such a change.
 
-use crate::base::sync::{lock, wait_timeout, ForkHeld};
+use crate::base::sync::{
+    lock, wait_timeout, AtomicU32, AtomicU64, Condvar, ForkHeld, Mutex, MutexGuard, Ordering::*,
+};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// Requests in flight that may wait ([`Waiter`]s alive); a free wakes waiters only

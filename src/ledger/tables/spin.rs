@@ -9,9 +9,9 @@
 //! that reaches the report, which reads the tables): the lock knows its holder, and a
 //! second take by the holder aborts with a message instead of hanging the process.
 
+use crate::base::sync::{spin_loop, yield_now, AtomicBool, AtomicUsize, Ordering::*};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
 pub(crate) struct SpinLock<T> {
     locked: AtomicBool,
@@ -21,9 +21,18 @@ pub(crate) struct SpinLock<T> {
     data: UnsafeCell<T>,
 }
 
+#[cfg(not(loom))]
 fn me() -> usize {
     // SAFETY: pthread_self has no preconditions and never fails.
     unsafe { libc::pthread_self() as usize }
+}
+
+/// Under loom the model's threads share one OS thread: the address of a loom
+/// thread-local tells the live ones apart.
+#[cfg(loom)]
+fn me() -> usize {
+    loom::thread_local!(static ME: u8 = 0);
+    ME.with(|me| me as *const u8 as usize)
 }
 
 // SAFETY: the data is reached only through a guard, and a guard exists for at most
@@ -31,7 +40,13 @@ fn me() -> usize {
 unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
+    #[cfg(not(loom))]
     pub(crate) const fn new(data: T) -> SpinLock<T> {
+        SpinLock { locked: AtomicBool::new(false), holder: AtomicUsize::new(0), data: UnsafeCell::new(data) }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn new(data: T) -> SpinLock<T> {
         SpinLock { locked: AtomicBool::new(false), holder: AtomicUsize::new(0), data: UnsafeCell::new(data) }
     }
 
@@ -44,10 +59,10 @@ impl<T> SpinLock<T> {
         while self.locked.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
             spins += 1;
             if spins < 64 {
-                std::hint::spin_loop();
+                spin_loop();
             } else {
                 // Two cores: let the holder run instead of burning its time slice.
-                std::thread::yield_now();
+                yield_now();
             }
         }
         self.holder.store(me, Relaxed);
