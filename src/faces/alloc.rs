@@ -85,8 +85,8 @@ fn taken(p: *mut u8, size: usize) -> *mut u8 {
 }
 
 /// Out of line, so that only the size, not the ledger's thread-local address, stays
-/// live across the backing allocator's call: one register saved in `alloc`, was three
-/// (the shim table of `benches/alloc.rs`, docs/benchmarks.md).
+/// live across the backing allocator's call: fewer registers saved in `alloc` (the
+/// shim table of `benches/alloc.rs`, docs/benchmarks.md).
 #[cold]
 #[inline(never)]
 fn refund(size: usize) {
@@ -100,7 +100,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for QuotaAlloc<A> {
     // Scopes cost the fast paths one instruction per free and none per allocation
     // (instruction counts, docs/benchmarks.md): `dealloc` keeps the pointer for its
     // slow path's owner lookup. The slow path of `alloc` is a method taking the layout
-    // by value: a closure over it passed out of line cost 3-4 instructions per call,
+    // by value: a closure over it passed out of line cost instructions on every call,
     // and so did crediting before the free.
 
     #[inline]

@@ -124,10 +124,9 @@ impl Default for Bulk {
 static INTERVAL: AtomicU64 = AtomicU64::new(0);
 
 /// No hook under this interval: it would fire every few dozen small calls, and the
-/// lead would leave no room for charges. At 8 KiB (a 64 MiB limit) lazy calls save
-/// 11-12 instructions per malloc + free against counting each call
-/// (`benches/preload/churn.c 1 1000000`, callgrind: `small` 147.9 -> 136.2, `mixed`
-/// 232.7 -> 220.7).
+/// lead would leave no room for charges. From 8 KiB (a 64 MiB limit) up, lazy calls
+/// cost fewer instructions than counting each call (docs/benchmarks.md, "Figures
+/// behind the code").
 pub const MIN_INTERVAL: u64 = 8 << 10;
 
 /// The hook's interval: the most a lazy thread's frees wait for their credit.

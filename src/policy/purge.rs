@@ -98,11 +98,11 @@ const SHARED_LARGE_ARENA: &str = "oversize_threshold:1048576";
 /// block one thread frees is a dirty page any thread can use again. Under a tight
 /// budget the service purges what passes the limit; with each thread's large blocks
 /// in its own arena, more of them wait unused, and more are purged and faulted back.
-/// On the JVM benchmark's agent run (1 GiB) it took the faults from 1.6-1.7 M to
-/// 1.2-1.45 M (docs/benchmarks.md). None if a string already chooses how jemalloc
-/// purges or sets the threshold: under a user's decay, jemalloc purges that arena's
-/// freed blocks at once (its eager purge of huge blocks), which on the large-block loop
-/// ran 6x slower with the threshold at 1 MiB. Allocates nothing: it runs while
+/// It takes page faults down on the JVM benchmark's agent run (docs/benchmarks.md,
+/// "Figures behind the code"). None if a string already chooses how jemalloc purges or
+/// sets the threshold: under a user's decay, jemalloc purges that arena's freed blocks
+/// at once (its eager purge of huge blocks), which made the large-block loop several
+/// times slower with the threshold at 1 MiB. Allocates nothing: it runs while
 /// jemalloc starts.
 pub fn added_jemalloc_options(strings: &[&str]) -> Option<&'static str> {
     let chooses = |s: &&str| names_purging(s) || names(s, &["oversize_threshold"]);
@@ -209,10 +209,9 @@ fn decide(s: &Seen) -> Option<Kind> {
 }
 
 /// The service's period while native + heap + uncounted bytes are past the soft
-/// threshold. Measured on the JVM benchmark's agent run (a 1 GiB budget it keeps
-/// full), medians of 6 against jemalloc's own decay in the same run: every 50 ms
-/// the peak RSS was 1.129 GB against 1.093 (+3%), every 10 ms 1.095 against 1.089
-/// (and 1.093 against 1.092), still with fewer page faults (2.47 M against 2.68 M).
+/// threshold: short enough that a budget kept full peaks no higher than under
+/// jemalloc's own decay, with fewer page faults (docs/benchmarks.md, "Figures behind
+/// the code").
 const CROWDED_PERIOD: Duration = Duration::from_millis(10);
 
 /// The purge service's state, kept by its thread.
