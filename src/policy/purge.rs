@@ -386,8 +386,8 @@ pub(crate) fn by_memquota() -> bool {
 }
 
 /// Turns jemalloc's time-based purging off, unless the user chose how jemalloc
-/// purges; once per process. Call it only where the purge service runs, outside any
-/// jemalloc call. A second caller waits for the first to decide.
+/// purges; once per process. Call it only where the purge service runs or is about to
+/// start, outside any jemalloc call. A second caller waits for the first to decide.
 pub(crate) fn take_over_decay() {
     if DECAY.compare_exchange(UNDECIDED, DECIDING, AcqRel, Acquire).is_err() {
         while DECAY.load(Acquire) == DECIDING {
@@ -403,6 +403,21 @@ pub(crate) fn take_over_decay() {
         OURS
     };
     DECAY.store(decided, Release);
+}
+
+/// Gives jemalloc its own decay back after [`take_over_decay`] took it for a service
+/// thread that then could not start: nothing would purge otherwise.
+pub(crate) fn give_back_decay() {
+    if DECAY.compare_exchange(OURS, RESTORED, AcqRel, Acquire).is_ok() {
+        restore_decay();
+    }
+}
+
+/// jemalloc's decay as its options (or defaults) set it.
+fn restore_decay() {
+    let dirty = ctl::<isize>(c"opt.dirty_decay_ms").unwrap_or(DEFAULT_DIRTY_DECAY_MS);
+    let muzzy = ctl::<isize>(c"opt.muzzy_decay_ms").unwrap_or(DEFAULT_MUZZY_DECAY_MS);
+    set_decay(dirty, muzzy);
 }
 
 /// From the fork child handler: the service thread did not survive the fork.
@@ -424,9 +439,7 @@ pub(crate) fn after_fork_child() {
 /// otherwise). One relaxed load elsewhere.
 pub(crate) fn settle_after_fork() {
     if ORPHANED.load(Relaxed) && ORPHANED.swap(false, AcqRel) {
-        let dirty = ctl::<isize>(c"opt.dirty_decay_ms").unwrap_or(DEFAULT_DIRTY_DECAY_MS);
-        let muzzy = ctl::<isize>(c"opt.muzzy_decay_ms").unwrap_or(DEFAULT_MUZZY_DECAY_MS);
-        set_decay(dirty, muzzy);
+        restore_decay();
         DECAY.store(RESTORED, Release);
     }
 }

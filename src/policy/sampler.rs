@@ -36,6 +36,11 @@ pub(crate) fn passes() -> u64 {
     PASSES.load(Relaxed)
 }
 
+/// Whether the sampler thread was started (or is being started).
+pub(crate) fn started() -> bool {
+    STARTED.load(Acquire)
+}
+
 /// Starts the sampler thread, once per process (not in a fork child). Returns
 /// whether it runs (or was started before).
 pub(crate) fn ensure_sampling() -> bool {

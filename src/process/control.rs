@@ -28,9 +28,20 @@ fn configure(config: &Config) -> Result<()> {
     crate::base::settings::configure(config, limit);
     crate::process::fork::install();
     // Here rather than only on the service thread, so that a caller of `init` (the
-    // preload's constructor) finds jemalloc's decay settled when it returns.
-    if crate::policy::sampler::ensure_sampling() {
+    // preload's constructor) finds jemalloc's decay settled when it returns; and
+    // before that thread starts, so that this one never waits for it: a constructor
+    // run by `dlopen` holds the loader's lock, which the service thread's first
+    // jemalloc call can need (jemalloc looks `pthread_create` up with `dlsym`).
+    let first = !crate::policy::sampler::started();
+    if first {
         crate::policy::purge::take_over_decay();
+    }
+    if crate::policy::sampler::ensure_sampling() {
+        if !first {
+            crate::policy::purge::take_over_decay();
+        }
+    } else if first {
+        crate::policy::purge::give_back_decay();
     }
     crate::process::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
