@@ -19,7 +19,7 @@ fn classes() -> &'static Path {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let out = std::env::temp_dir().join(format!("memquota-jvm-tests-{}", std::process::id()));
         std::fs::create_dir_all(&out).unwrap();
-        let package = root.join("../java/org/memquota");
+        let package = root.join("../bindings/java/org/memquota");
         let javac = Command::new("javac")
             .arg("-d")
             .arg(&out)
