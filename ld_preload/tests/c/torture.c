@@ -31,8 +31,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#define CHECK_EXIT _exit
+#include "sampler.h"
 
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
 void memquota_flush(void) __attribute__((weak));
 int memquota_set_limit(uint64_t bytes) __attribute__((weak));
 typedef void (*memquota_reclaim_fn)(size_t need, void *ctx);
@@ -41,8 +42,6 @@ void memquota_on_reclaim(memquota_reclaim_fn callback, void *ctx) __attribute__(
 /* Where a block nobody reads is stored, so the compiler keeps its malloc and free. */
 static void *volatile sink;
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); _exit(3); } } while (0)
-
 #define MIB (1UL << 20)
 #define MAX_WORKERS 8
 #define LIVE_CAP 48
@@ -50,22 +49,6 @@ static void *volatile sink;
 #define CACHE_MIB 16
 #define PHASE_BUDGET_MS 20000.0
 #define CHILD_TIMEOUT_MS 10000
-
-static unsigned long long stat_of(const char *key) {
-    char buf[4096], pat[64];
-    size_t n = memquota_stats_json(buf, sizeof buf);
-    CHECK(n < sizeof buf);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *at = strstr(buf, pat);
-    CHECK(at != NULL);
-    return strtoull(at + strlen(pat), NULL, 10);
-}
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static uint64_t next(uint64_t *s) {
     *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;

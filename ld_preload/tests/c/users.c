@@ -23,26 +23,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
-
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
-
-static unsigned long long stat_of(const char *key) {
-    char buf[4096], pat[64];
-    size_t n = memquota_stats_json(buf, sizeof buf);
-    CHECK(n < sizeof buf);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *at = strstr(buf, pat);
-    CHECK(at != NULL);
-    return strtoull(at + strlen(pat), NULL, 10);
-}
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
+#include "sampler.h"
 
 /* ---- the monitor ---- */
 static atomic_int monitor_stop;
