@@ -33,6 +33,7 @@
 #include <unistd.h>
 #define CHECK_EXIT _exit
 #include "sampler.h"
+#include "monitor.h"
 
 void memquota_flush(void) __attribute__((weak));
 int memquota_set_limit(uint64_t bytes) __attribute__((weak));
@@ -268,20 +269,7 @@ static void *work(void *arg) {
     return NULL;
 }
 
-/* ---- monitor and watchdog ---- */
-static atomic_int monitor_stop;
-static atomic_ullong max_sample, samples;
-static void *monitor(void *arg) {
-    (void)arg;
-    while (!atomic_load(&monitor_stop)) {
-        unsigned long long n = stat_of("native_bytes");
-        if (n > atomic_load(&max_sample)) atomic_store(&max_sample, n);
-        atomic_fetch_add(&samples, 1);
-        usleep(1000); /* pacing */
-    }
-    return NULL;
-}
-
+/* ---- the watchdog ---- */
 static atomic_int phase_now = -1;
 static _Atomic double watch_deadline;
 static void *watchdog(void *arg) {
@@ -349,19 +337,14 @@ static void phase(int i, uint64_t seed, int nw, int forks, double ms, int report
     memquota_flush();
     unsigned long long base = stat_of("native_bytes"), cache0 = atomic_load(&cache_bytes);
     unsigned long long ooms0 = stat_of("oom_total");
-    atomic_store(&monitor_stop, 0);
-    atomic_store(&max_sample, 0);
-    atomic_store(&samples, 0);
-    pthread_t mon;
-    CHECK(pthread_create(&mon, NULL, monitor, NULL) == 0);
+    monitor_start();
     double t0 = now_ms();
     phase_end = t0 + ms;
     phase_half = t0 + ms / 2;
     for (int w = 0; w < nw; w++) CHECK(pthread_create(&workers[w].th, NULL, work, &workers[w]) == 0);
     for (int w = 0; w < nw; w++) pthread_join(workers[w].th, NULL);
     double took = now_ms() - t0;
-    atomic_store(&monitor_stop, 1);
-    pthread_join(mon, NULL);
+    monitor_end();
     for (int w = 0; w < nw; w++) drain(&workers[w]); /* main frees what is left in the mailboxes */
     atomic_store(&enabled, 0);
     while (atomic_load(&in_callback) > 0) sched_yield();

@@ -24,26 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "sampler.h"
-
-/* ---- the monitor ---- */
-static atomic_int monitor_stop;
-static atomic_ullong max_sample, samples;
-static pthread_t monitor_thread;
-static void *monitor(void *arg) {
-    (void)arg;
-    while (!atomic_load(&monitor_stop)) {
-        unsigned long long n = stat_of("native_bytes");
-        if (n > atomic_load(&max_sample)) atomic_store(&max_sample, n);
-        atomic_fetch_add(&samples, 1);
-        usleep(1000); /* pacing */
-    }
-    return NULL;
-}
-static void monitor_start(void) { CHECK(pthread_create(&monitor_thread, NULL, monitor, NULL) == 0); }
-static void monitor_end(void) {
-    atomic_store(&monitor_stop, 1);
-    pthread_join(monitor_thread, NULL);
-}
+#include "monitor.h"
 
 static void *volatile sink;
 
