@@ -55,10 +55,10 @@ target/wheel-test-venv/bin/python -m pip install --disable-pip-version-check --p
 # From another directory: the installed package, never the source tree, is imported.
 (cd target && timeout 600 wheel-test-venv/bin/python -m pytest -v -s ../bindings/python/tests)
 
-say "library mode: a Rust JNI library with its own budget in a JVM (jvm_lib/, its own package and target dir)"
+say "library mode: a Rust JNI library with its own budget in a JVM (bindings/java/jvm_lib/, its own package and target dir)"
 # Its second run loads the library under the preload built above.
 preload_so="$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/libmemquota.so"
-(cd jvm_lib && CARGO_TARGET_DIR=../target/jvm_lib MEMQUOTA_PRELOAD_SO="$preload_so" timeout 900 cargo test --release)
+(cd bindings/java/jvm_lib && CARGO_TARGET_DIR=../../../target/jvm_lib MEMQUOTA_PRELOAD_SO="$preload_so" timeout 900 cargo test --release)
 
 say "DataFusion: memquota-datafusion (integrations/datafusion/, its own package and target dir; DataFusion takes 8-20 minutes to build on 2 cores, once)"
 # Unit tests, the queries under 64/128/256 MiB, a query too big to spill, two at once,

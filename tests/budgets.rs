@@ -7,15 +7,13 @@
 //! of its own (the budget is process-wide); preconditions are forced (barriers,
 //! observed waits, the machine's figures), never hoped for.
 
-mod common;
 mod support;
 
-use common::Rng;
 use memquota::{with_retry, Budget, BudgetStats, Config, Error, MemoryManager, QuotaAlloc, ScopeHandle};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
-use support::{buffer, Monitor, Samples, KIB, MIB};
+use support::{buffer, Monitor, Rng, Samples, KIB, MIB};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();
@@ -269,7 +267,7 @@ fn a_fork_with_budgets_in_flight_leaves_a_consistent_child() {
     // The borrower must still be waiting when the process forks, on any machine (the
     // child sets the default back, so a wait there shows up as one).
     mm().set_wait(Duration::from_secs(30));
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     let before = native();
     let outside = buffer(40 * MIB).unwrap();
     let scope = mm().begin("scan", 1, 0).unwrap();
@@ -586,7 +584,7 @@ fn twelve_runners_at_the_limit_hold_it_and_return_to_zero() {
     const RUNNERS: usize = 12;
     memquota::init(Config::new().limit(LIMIT)).unwrap();
     memquota::set_report_hook(support::counting_hook);
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     let before = native();
     let ooms = memquota::stats().ooms;
     let outside = buffer(16 * MIB).unwrap();
@@ -641,7 +639,7 @@ fn sixteen_threads_racing_a_lone_budget_stay_within_the_bound() {
     const RUNNERS: usize = 16;
     memquota::init(Config::new().limit(LIMIT)).unwrap();
     memquota::set_report_hook(support::counting_hook);
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     let before = native();
     let ooms = memquota::stats().ooms;
     let outside = buffer(56 * MIB).unwrap();
@@ -701,7 +699,7 @@ fn two_runners_under_one_budget_at_the_limit_keep_the_account_within_the_bound()
     // A runner short of room does not wait for the other budget to free: it is
     // refused at once and goes on, so it is at the limit as often as it can be.
     mm().set_wait(Duration::ZERO);
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     let before = native();
     let ooms = memquota::stats().ooms;
     let outside = buffer(46 * MIB).unwrap();
@@ -812,7 +810,7 @@ fn a_refused_request_is_in_no_figure() {
 fn a_short_budget_in_a_retry_block_blocks_in_the_machine_and_completes() {
     memquota::init(Config::new().limit(256 * MIB)).unwrap();
     memquota::set_report_hook(support::counting_hook);
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     let before = native();
     let outside = buffer(100 * MIB).unwrap();
     let older = mm().begin("holder", 1, 0).unwrap();
@@ -894,7 +892,7 @@ fn a_short_budget_in_a_retry_block_blocks_in_the_machine_and_completes() {
 fn budgets_in_a_retry_deadlock_roll_the_youngest_task_back() {
     memquota::init(Config::new().limit(256 * MIB)).unwrap();
     memquota::set_report_hook(support::counting_hook);
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     let before = native();
     let outside = buffer(100 * MIB).unwrap();
     let (s0, snap0) = (memquota::stats(), mm().snapshot());

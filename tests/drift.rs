@@ -1,12 +1,12 @@
 //! Invariants 2 and 3: exact zero drift at quiescence, and a bounded error between
 //! flushes, with the real global allocator.
 
-mod common;
+mod support;
 
-use common::{run, Rng};
 use memquota::{Config, QuotaAlloc};
 use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier};
+use support::{run, Rng};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();

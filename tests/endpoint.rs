@@ -2,14 +2,14 @@
 //! requests, slow clients and 200 connections held open, while this program keeps
 //! allocating normally.
 
-mod common;
+mod support;
 
-use common::run;
 use memquota::{Config, QuotaAlloc};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use support::run;
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();

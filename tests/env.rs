@@ -3,11 +3,11 @@
 //! accepted forms, and exits with status 2. The checks run this binary again as a
 //! child with the environment under test.
 
-mod common;
+mod support;
 
-use common::run;
 use memquota::QuotaAlloc;
 use std::process::{Command, Output};
+use support::run;
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();

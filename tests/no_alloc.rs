@@ -2,12 +2,12 @@
 //! `QuotaAlloc` over a counting wrapper of `System`, so every allocation that reaches
 //! the backing allocator on this thread is seen.
 
-mod common;
+mod support;
 
-use common::run;
 use memquota::{Config, QuotaAlloc};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use support::run;
 
 struct Counting;
 

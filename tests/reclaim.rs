@@ -3,13 +3,13 @@
 //! report, and the futility suspension. One process, checks run in order: they share
 //! the budget, so each one sets the configuration it needs.
 
-mod common;
+mod support;
 
-use common::run;
 use memquota::{Config, HeapBytes, HeapMode, HeapProbe, QuotaAlloc};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::Duration;
+use support::run;
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();

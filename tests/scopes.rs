@@ -8,7 +8,7 @@
 //! Bookkeeping (vectors of pointers) is allocated before a thread attaches, so what
 //! a scope is charged is exactly what the check allocated.
 
-mod common;
+mod support;
 
 use memquota::{Config, Error, MemoryManager, OnOom, QuotaAlloc, Reservation, ScopeHandle, ScopeStats};
 use std::alloc::Layout;
@@ -809,8 +809,8 @@ fn main() {
     // Its checks compare the process account exactly: start from a quiet sampler.
     let first = Box::new(0u64); // an allocation starts the sampler
     drop(std::hint::black_box(first));
-    common::wait_for_sampler();
-    common::run(&[
+    support::wait_for_sampler();
+    support::run(&[
         ("a_finished_scope_no_longer_narrows_the_share", a_finished_scope_no_longer_narrows_the_share),
         ("work_on_the_tasks_own_thread", work_on_the_tasks_own_thread),
         ("helper_threads_and_cross_thread_frees", helper_threads_and_cross_thread_frees),

@@ -16,10 +16,8 @@
 //!
 //! `MEMQUOTA_TORTURE_SEED=n` repeats a run's plan.
 
-mod common;
 mod support;
 
-use common::Rng;
 use memquota::{Config, Error, MemoryManager, QuotaAlloc, Reservation, ScopeHandle, TaskScope, Untracked};
 use std::alloc::{GlobalAlloc, Layout};
 use std::fmt::Write as _;
@@ -27,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering:
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
-use support::{Line, Monitor, Reports, Size, KIB, MIB};
+use support::{Line, Monitor, Reports, Rng, Size, KIB, MIB};
 
 /// The Rust face, with the truth beside it: the sum of live allocation sizes.
 #[global_allocator]
@@ -152,7 +150,8 @@ fn main() {
     let seed =
         std::env::var("MEMQUOTA_TORTURE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_0001);
     println!("torture: seed {seed} (MEMQUOTA_TORTURE_SEED={seed} repeats this plan)");
-    install_panic_hook();
+    // The planned panics are quiet; any other lifts the limit (printing it allocates).
+    support::lift_limit_on_panic(|p| p.is::<PlannedPanic>());
     memquota::set_report_hook(support::counting_hook);
     support::watchdog(status);
     CACHE.lock().unwrap().reserve_exact(CACHE_MIB);
@@ -192,16 +191,15 @@ fn main() {
     }
     memquota::set_limit(1 << 50);
     println!("torture: {} phases in {} ms", PHASES, started.elapsed().as_millis());
-    if failures.is_empty() {
-        println!("\ntest result: ok. 1 passed; 0 failed");
-    } else {
+    if !failures.is_empty() {
         println!("\nfailures:");
         for f in &failures {
             println!("  {f}");
         }
-        println!("\ntest result: FAILED. 0 passed; 1 failed (seed {seed})");
-        std::process::exit(101);
     }
+    let name = format!("torture (seed {seed})");
+    let failed: &[&str] = if failures.is_empty() { &[] } else { &[&name] };
+    support::summary(1, failed);
 }
 
 /// What the phases would otherwise make for good in their first measured round: the
@@ -221,19 +219,6 @@ fn warm_up_service_paths() {
         std::thread::yield_now();
     }
     drop(past_soft);
-}
-
-/// The planned panics are quiet; any other panic lifts the limit (printing it
-/// allocates) and is reported as usual.
-fn install_panic_hook() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if info.payload().is::<PlannedPanic>() {
-            return;
-        }
-        memquota::set_limit(1 << 50);
-        default(info)
-    }));
 }
 
 /// What the watchdog prints if a phase hangs.

@@ -4,15 +4,13 @@
 //! face's default; the emergency reserve is what refused threads may draw on), count
 //! every refusal once, and write only a few full reports.
 
-mod common;
 mod support;
 
-use common::Rng;
 use memquota::{Config, QuotaAlloc};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use support::{Monitor, Reports, Size, KIB, MIB};
+use support::{Monitor, Reports, Rng, Size, KIB, MIB};
 
 #[global_allocator]
 static GLOBAL: QuotaAlloc = QuotaAlloc::new();

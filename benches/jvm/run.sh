@@ -17,7 +17,7 @@ if [ ! -x /usr/bin/time ]; then
     install_packages time
 fi
 classes=$(mktemp -d)
-javac -d "$classes" java/org/memquota/*.java ld_preload/tests/java/JvmWorkload.java
+javac -d "$classes" bindings/java/org/memquota/*.java ld_preload/tests/java/JvmWorkload.java
 echo "shared 2-core VM: absolute times are noise; read the ratios. $rounds rounds, medians."
 base=
 if [ -n "${MQ_BASE:-}" ]; then

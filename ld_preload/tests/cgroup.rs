@@ -17,7 +17,7 @@
 
 mod common;
 
-use common::{inherited_vars, lib, said, text};
+use common::{build_dir, compile, inherited_vars, lib, said, text};
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -39,18 +39,8 @@ const ARGS: [&str; 4] = ["112", "40", "24", "96"];
 fn program() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let out = std::env::temp_dir().join(format!("memquota-cgroup-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let exe = out.join("cgroup");
-        let status = Command::new("gcc")
-            .current_dir(&src)
-            .args(["-O1", "-g", "-Wall", "cgroup.c", "-o"])
-            .arg(&exe)
-            .args(["-ldl", "-lpthread"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "gcc cgroup.c failed");
+        let exe = build_dir("cgroup").join("cgroup");
+        compile("gcc", &["-O1", "-g", "-Wall", "cgroup.c", "-ldl", "-lpthread"], &exe);
         exe
     })
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_ok, inherited_vars, lib, said, text};
+use common::{assert_ok, build_dir, inherited_vars, lib, said, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -17,9 +17,8 @@ fn classes() -> &'static Path {
     static CLASSES: OnceLock<PathBuf> = OnceLock::new();
     CLASSES.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = std::env::temp_dir().join(format!("memquota-jvm-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let package = root.join("../java/org/memquota");
+        let out = build_dir("jvm");
+        let package = root.join("../bindings/java/org/memquota");
         let javac = Command::new("javac")
             .arg("-d")
             .arg(&out)

@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{inherited_vars, lib, text};
+use common::{build_dir, compile, inherited_vars, lib, text};
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -45,9 +45,7 @@ struct Built {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let out = std::env::temp_dir().join(format!("memquota-limit-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
+        let out = build_dir("limit");
         let b = Built {
             users: out.join("users"),
             torture: out.join("torture"),
@@ -60,13 +58,7 @@ fn built() -> &'static Built {
             ("oom_log.c", &b.oom_log),
             ("refusal_race.c", &b.refusal_race),
         ] {
-            let status = Command::new("gcc")
-                .current_dir(&src)
-                .args(["-O1", "-g", "-Wall", "-Werror", "-pthread", file, "-o"])
-                .arg(exe)
-                .status()
-                .unwrap();
-            assert!(status.success(), "gcc {file} failed");
+            compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", file], exe);
         }
         b
     })

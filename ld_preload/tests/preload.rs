@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_ok, inherited_vars, lib, text, Metrics};
+use common::{assert_ok, build_dir, compile, inherited_vars, lib, text, Metrics};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -29,13 +29,7 @@ struct Built {
 fn built() -> &'static Built {
     static BUILT: OnceLock<Built> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let out = std::env::temp_dir().join(format!("memquota-preload-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let cc = |compiler: &str, args: &[&str]| {
-            let status = Command::new(compiler).current_dir(&src).args(args).status().unwrap();
-            assert!(status.success(), "{compiler} {args:?} failed");
-        };
+        let out = build_dir("preload");
         let b = Built {
             probe: out.join("probe"),
             scopes: out.join("scopes"),
@@ -46,17 +40,14 @@ fn built() -> &'static Built {
             leader: out.join("leader"),
             unwind: out.join("unwind"),
         };
-        cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
-        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
-        cc("gcc", &["-O1", "-g", "-w", "-pthread", "probe.c", "-o", b.probe.to_str().unwrap(), "-ldl"]);
-        cc("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c", "-o", b.tls_lib.to_str().unwrap()]);
-        cc("g++", &["-O1", "-std=c++17", "cxx.cc", "-o", b.cxx.to_str().unwrap()]);
-        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "lazy.c", "-o", b.lazy.to_str().unwrap()]);
-        cc(
-            "gcc",
-            &["-O1", "-g", "-Wall", "-Werror", "-pthread", "leader.c", "-o", b.leader.to_str().unwrap()],
-        );
-        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "unwind.c", "-o", b.unwind.to_str().unwrap()]);
+        compile("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c"], &b.scopes);
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c"], &b.retry);
+        compile("gcc", &["-O1", "-g", "-w", "-pthread", "probe.c", "-ldl"], &b.probe);
+        compile("gcc", &["-O1", "-shared", "-fPIC", "tls_lib.c"], &b.tls_lib);
+        compile("g++", &["-O1", "-std=c++17", "cxx.cc"], &b.cxx);
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "lazy.c"], &b.lazy);
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "leader.c"], &b.leader);
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "unwind.c"], &b.unwind);
         b
     })
 }
@@ -75,16 +66,15 @@ fn linked_with_jemalloc() -> &'static LinkedWithJemalloc {
             Path::new("/usr/include/jemalloc/jemalloc.h").exists(),
             "jemalloc's header is missing: install libjemalloc-dev (scripts/test.sh does)"
         );
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/jemapi.c");
-        let out = std::env::temp_dir().join(format!("memquota-jemapi-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
+        let out = build_dir("jemapi");
         let b = LinkedWithJemalloc { jemapi: out.join("jemapi"), jemapi_conf: out.join("jemapi_conf") };
-        for (exe, extra) in [(&b.jemapi, None), (&b.jemapi_conf, Some("-DPROGRAM_MALLOC_CONF"))] {
-            let mut cmd = Command::new("gcc");
-            cmd.args(["-O1", "-g", "-Wall", "-Werror", "-pthread"]).args(extra).arg(&src);
-            let status = cmd.arg("-o").arg(exe).arg("-ljemalloc").status().unwrap();
-            assert!(status.success(), "gcc {} failed", src.display());
-        }
+        let flags = ["-O1", "-g", "-Wall", "-Werror", "-pthread"];
+        compile("gcc", &[&flags[..], &["jemapi.c", "-ljemalloc"]].concat(), &b.jemapi);
+        compile(
+            "gcc",
+            &[&flags[..], &["-DPROGRAM_MALLOC_CONF", "jemapi.c", "-ljemalloc"]].concat(),
+            &b.jemapi_conf,
+        );
         b
     })
 }
@@ -776,15 +766,10 @@ struct CxxHost {
 fn cxx_host() -> &'static CxxHost {
     static BUILT: OnceLock<CxxHost> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let out = std::env::temp_dir().join(format!("memquota-cxx-host-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
+        let out = build_dir("cxx-host");
         let b = CxxHost { host: out.join("cxx_host"), libstdcxx: out.join("libcxx_lib.so") };
-        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "cxx_host.c", "-ldl", "-o"], &b.host);
-        compile(
-            "g++",
-            &["-O1", "-std=c++17", "-shared", "-fPIC", "-pthread", "cxx_lib.cc", "-o"],
-            &b.libstdcxx,
-        );
+        compile("gcc", &["-O1", "-g", "-Wall", "-Werror", "cxx_host.c", "-ldl"], &b.host);
+        compile("g++", &["-O1", "-std=c++17", "-shared", "-fPIC", "-pthread", "cxx_lib.cc"], &b.libstdcxx);
         b
     })
 }
@@ -798,22 +783,13 @@ fn cxx_on_libcxx() -> &'static PathBuf {
             Path::new("/usr/include/c++/v1/new").exists(),
             "libc++'s headers are missing: install libc++-dev and libc++abi-dev (scripts/test.sh does)"
         );
-        let out = std::env::temp_dir().join(format!("memquota-cxx-host-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let lib = out.join("libcxx_lib_on_libcxx.so");
+        let lib = build_dir("cxx-host").join("libcxx_lib_on_libcxx.so");
         let flags =
             ["-O1", "-std=c++17", "-shared", "-fPIC", "-nostdinc++", "-isystem", "/usr/include/c++/v1"];
-        let link = ["-nodefaultlibs", "cxx_lib.cc", "-lc++", "-lc++abi", "-lc", "-lgcc_s", "-o"];
+        let link = ["-nodefaultlibs", "cxx_lib.cc", "-lc++", "-lc++abi", "-lc", "-lgcc_s"];
         compile("g++", &[&flags[..], &link[..]].concat(), &lib);
         lib
     })
-}
-
-/// `compiler args... out`, in tests/c.
-fn compile(compiler: &str, args: &[&str], out: &Path) {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-    let status = Command::new(compiler).current_dir(&src).args(args).arg(out).status().unwrap();
-    assert!(status.success(), "{compiler} {args:?} {} failed", out.display());
 }
 
 /// The host, under a 64 MiB limit, calling `function` of each library loaded `how`

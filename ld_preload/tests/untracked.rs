@@ -7,8 +7,8 @@
 
 mod common;
 
-use common::{inherited_vars, lib, said, text};
-use std::path::{Path, PathBuf};
+use common::{build_dir, compile, inherited_vars, lib, said, text};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
@@ -17,18 +17,8 @@ const MIB: u64 = 1 << 20;
 fn mapper() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
-        let out = std::env::temp_dir().join(format!("memquota-untracked-tests-{}", std::process::id()));
-        std::fs::create_dir_all(&out).unwrap();
-        let exe = out.join("mapper");
-        let status = Command::new("gcc")
-            .current_dir(&src)
-            .args(["-O1", "-g", "-Wall", "mapper.c", "-o"])
-            .arg(&exe)
-            .arg("-ldl")
-            .status()
-            .unwrap();
-        assert!(status.success(), "gcc mapper.c failed");
+        let exe = build_dir("untracked").join("mapper");
+        compile("gcc", &["-O1", "-g", "-Wall", "mapper.c", "-ldl"], &exe);
         exe
     })
 }

@@ -36,7 +36,7 @@ pub fn run(seed: u64) -> ! {
     memquota::on_reclaim(reclaim);
     RECLAIM_CACHE.lock().unwrap().reserve_exact(16);
     support::watchdog(status);
-    common::wait_for_sampler();
+    support::wait_for_sampler();
     // The panic machinery's first use allocates for good: not inside a plan.
     let _ = std::panic::catch_unwind(|| std::panic::panic_any(PlannedPanic));
     println!("session {session:?}");

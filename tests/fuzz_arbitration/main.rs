@@ -50,8 +50,6 @@
 //! `run` (one plan: set-up, quiescence, the checks), `worker` (the steps, the
 //! killer), `callbacks` (and forks), `watch` (what the watchdog prints).
 
-#[path = "../common/mod.rs"]
-mod common;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -70,7 +68,6 @@ pub use run::*;
 pub use watch::*;
 pub use worker::*;
 
-use common::Rng;
 use memquota::{
     with_retry, with_split_retry, AttachGuard, Config, Consumer, Error, HeapBytes, HeapProbe, MemoryManager,
     QuotaAlloc, Reservation, ScopeHandle, TaskScope, Untracked,
@@ -78,11 +75,11 @@ use memquota::{
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::fmt::{self, Write as _};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Barrier, Mutex, OnceLock};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use support::{Line, Size, KIB, MIB};
+use support::{Line, Rng, Size, KIB, MIB};
 
 // ---- the allocator, with the truth beside it ------------------------------------------
 

@@ -52,16 +52,13 @@ pub fn run() -> ! {
         totals.plans,
         started.elapsed().as_secs_f64()
     );
-    if failed.is_empty() {
-        println!("\ntest result: ok. 1 passed; 0 failed");
-    } else {
+    if !failed.is_empty() {
         println!("\nfailing seeds: {failed:?}");
         for s in &failed {
             println!("  {}", rerun_command(*s));
         }
-        println!("\ntest result: FAILED. 0 passed; 1 failed");
-        std::process::exit(101);
     }
+    support::summary(1, if failed.is_empty() { &[] } else { &["fuzz_arbitration"] });
     std::process::exit(0)
 }
 
@@ -74,29 +71,11 @@ pub fn rerun_command(seed: u64) -> String {
 /// Runs one seed's process. Its success, its output (stdout then stderr), and why it
 /// failed.
 pub fn run_seed(seed: u64) -> (bool, String, String) {
-    let exe = std::env::current_exe().expect("own path");
-    let mut cmd = Command::new(exe);
-    cmd.env(CHILD_VAR, seed.to_string()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    for (var, _) in memquota::seam::process::ENV_VARS {
-        cmd.env_remove(var);
-    }
-    let child = cmd.spawn().expect("spawn a seed's process");
-    let pid = child.id() as i32;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
+    let mut cmd = Command::new(std::env::current_exe().expect("own path"));
+    cmd.env(CHILD_VAR, seed.to_string());
     // Its watchdog ends it first; this bound is for a watchdog that could not.
     let bound = PLAN_BUDGET * PLANS_PER_SEED as u32 + Duration::from_secs(20);
-    let (out, killed) = match rx.recv_timeout(bound) {
-        Ok(out) => (out, false),
-        Err(_) => {
-            // SAFETY: kill has no memory preconditions; `pid` is our unreaped child.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            (rx.recv().expect("the waiter reports"), true)
-        }
-    };
-    let out = out.expect("wait for a seed's process");
+    let (out, killed) = support::output_within(&mut cmd, bound);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     use std::os::unix::process::ExitStatusExt;
     let why = match (killed, out.status.code(), out.status.signal()) {

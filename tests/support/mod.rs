@@ -1,16 +1,22 @@
-//! What the harness-less stress and defect binaries share: text written to stderr
-//! without allocating, a watchdog that fails loudly instead of hanging CI, a report
-//! hook that counts full reports, a monitor that samples the tracked total, and a
-//! runner that gives each check a process of its own with a deadline.
+//! What the harness-less test binaries share: the runner (`runner.rs`: each check in
+//! this process or in one of its own with a deadline), text written to stderr without
+//! allocating, a watchdog that fails loudly instead of hanging CI, a report hook that
+//! counts full reports, a monitor that samples the tracked total, a wait for the
+//! sampler thread, and a deterministic RNG.
 //!
 //! Everything that may run while the allocator refuses, waits or is stuck (the
 //! watchdog, the hook, the monitor's loop) works in fixed buffers and atomics.
-#![allow(dead_code)] // each test binary uses its own part
+#![allow(dead_code, unused_imports)] // each test binary uses its own part
 
+mod runner;
+
+pub use runner::{
+    lift_limit_on_panic, output_within, print_indented, run, run_isolated, run_isolated_with_env, summary,
+    Check,
+};
 use std::fmt::{self, Write};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
@@ -304,151 +310,6 @@ impl Monitor {
     }
 }
 
-// ---- one process per check ----------------------------------------------------------
-
-const CHILD_VAR: &str = "MEMQUOTA_TEST_CHILD";
-
-/// Runs each check in a child process of this binary: a fresh allocator state per
-/// check, and a hang or an abort fails that check alone. Each child has a watchdog
-/// armed at `budget`; the parent kills it at twice that. Arguments that do not start
-/// with `-` select checks by substring. Prints cargo's closing line and exits non-zero
-/// if any check failed.
-pub fn run_isolated(checks: &[(&'static str, fn())], budget: Duration) {
-    let checks: Vec<Check> = checks.iter().map(|&(name, check)| (name, check, &[][..])).collect();
-    run_isolated_with_env(&checks, budget);
-}
-
-/// A check, and the environment its process starts with (jemalloc reads its options
-/// when it starts: they cannot be set from inside).
-pub type Check = (&'static str, fn(), &'static [(&'static str, &'static str)]);
-
-/// [`run_isolated`], each check's process started with its own variables. A check
-/// with variables of its own starts without jemalloc's option variables
-/// (`MALLOC_CONF`, `_RJEM_MALLOC_CONF`) unless it sets them.
-pub fn run_isolated_with_env(checks: &[Check], budget: Duration) {
-    if let Ok(name) = std::env::var(CHILD_VAR) {
-        let &(name, check, _) = checks.iter().find(|c| c.0 == name).expect("a known check");
-        child(name, check, budget);
-    }
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let exe = std::env::current_exe().expect("own path");
-    let mut failed = Vec::new();
-    let mut ran = 0;
-    for (name, _, env) in checks {
-        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        ran += 1;
-        let started = Instant::now();
-        let mut cmd = Command::new(&exe);
-        cmd.env(CHILD_VAR, name).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        for (var, _) in memquota::seam::process::ENV_VARS {
-            cmd.env_remove(var);
-        }
-        if !env.is_empty() {
-            cmd.env_remove("MALLOC_CONF").env_remove("_RJEM_MALLOC_CONF").envs(env.iter().copied());
-        }
-        let child = cmd.spawn().expect("spawn the check");
-        let pid = child.id() as i32;
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        let (out, killed) = match rx.recv_timeout(budget * 2) {
-            Ok(out) => (out, false),
-            Err(_) => {
-                // SAFETY: kill has no memory preconditions; `pid` is our unreaped child.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                (rx.recv().expect("the waiter reports"), true)
-            }
-        };
-        let out = out.expect("wait for the check");
-        print_indented("stdout", &out.stdout);
-        print_indented("stderr", &out.stderr);
-        let ok = out.status.success() && !killed;
-        println!(
-            "test {name} ... {} ({} ms{})",
-            if ok { "ok" } else { "FAILED" },
-            started.elapsed().as_millis(),
-            if killed {
-                format!(", killed after {} s", (budget * 2).as_secs())
-            } else if ok {
-                String::new()
-            } else {
-                format!(", {}", describe(out.status))
-            }
-        );
-        if !ok {
-            failed.push(*name);
-        }
-    }
-    println!(
-        "\ntest result: {}. {} passed; {} failed{}",
-        if failed.is_empty() { "ok" } else { "FAILED" },
-        ran - failed.len(),
-        failed.len(),
-        if failed.is_empty() { String::new() } else { format!(": {}", failed.join(", ")) }
-    );
-    if !failed.is_empty() {
-        std::process::exit(101);
-    }
-}
-
-fn describe(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(HUNG), _) => format!("exit {HUNG}: the watchdog fired"),
-        (Some(c), _) => format!("exit {c}"),
-        (_, Some(s)) => format!("killed by signal {s}"),
-        _ => format!("{status:?}"),
-    }
-}
-
-/// Prints a child's output, indented; a flood is cut to its head and tail.
-pub fn print_indented(what: &str, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    const KEEP: usize = 6000;
-    let text = String::from_utf8_lossy(bytes);
-    let shown = if text.len() > 2 * KEEP {
-        let mut head = KEEP;
-        while !text.is_char_boundary(head) {
-            head -= 1;
-        }
-        let mut tail = text.len() - KEEP;
-        while !text.is_char_boundary(tail) {
-            tail += 1;
-        }
-        format!("{}\n[... {} bytes cut ...]\n{}", &text[..head], tail - head, &text[tail..])
-    } else {
-        text.into_owned()
-    };
-    println!("  [{what}, {} bytes]", bytes.len());
-    for l in shown.lines() {
-        println!("  | {l}");
-    }
-}
-
-fn child(name: &'static str, check: fn(), budget: Duration) -> ! {
-    // A failed assertion prints (and allocates) under whatever limit the check set:
-    // lift it first, as tests/common does, except for a panic planted in a callback
-    // (its message says "on purpose"), which memquota catches: the limit stays.
-    let report = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if info.payload().downcast_ref::<&str>().is_some_and(|m| m.contains("on purpose")) {
-            return;
-        }
-        memquota::set_limit(1 << 50);
-        report(info)
-    }));
-    watchdog(|_| {});
-    arm(name, budget);
-    let ok = std::panic::catch_unwind(check).is_ok();
-    disarm();
-    std::process::exit(if ok { 0 } else { 101 })
-}
-
 /// Waits for the child `pid` at most `timeout` (a pidfd and poll: no sleeping). Kills
 /// it if it is still running then. Its wait status, or `None` if it was killed.
 pub fn wait_child(pid: libc::pid_t, timeout: Duration) -> Option<i32> {
@@ -481,4 +342,42 @@ pub fn buffer(bytes: u64) -> memquota::Result<Vec<u8>> {
     v.try_reserve_exact(bytes as usize)?;
     v.resize(bytes as usize, 1);
     Ok(v)
+}
+
+/// Waits (polling, no sleeping; at most 30 s) until memquota's sampler thread has
+/// finished starting: its start-up allocates and frees a little, charged like any
+/// thread's, and a check that compares the process account before and after must
+/// not see it (a delayed start landed in such a window now and then under load).
+pub fn wait_for_sampler() {
+    let start = Instant::now();
+    while memquota::stats().sampler_passes < 2 {
+        assert!(start.elapsed().as_secs() < 30, "the sampler thread never completed two passes");
+        std::thread::yield_now();
+    }
+}
+
+/// xorshift64*: deterministic, allocation-free.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    /// Mostly small sizes, some up to 256 KiB, a few up to 2 MiB: crosses every
+    /// threshold the ledger can have.
+    pub fn size(&mut self) -> usize {
+        (match self.below(100) {
+            0..=79 => 1 + self.below(512),
+            80..=97 => 1 + self.below(256 << 10),
+            _ => 1 + self.below(2 << 20),
+        }) as usize
+    }
 }

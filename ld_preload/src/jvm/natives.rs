@@ -1,4 +1,4 @@
-//! The native methods of `org.memquota.MemQuota` (java/org/memquota/MemQuota.java).
+//! The native methods of `org.memquota.MemQuota` (bindings/java/org/memquota/MemQuota.java).
 
 #![allow(non_snake_case)] // JNI names the functions after the Java class.
 

@@ -17,13 +17,9 @@
 #include <sys/types.h>
 #include "sampler.h"
 
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
-
 #ifdef PROGRAM_MALLOC_CONF
 const char *malloc_conf = "narenas:1";
 #endif
-
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
 
 static int preloaded(void) { return memquota_stats_json != NULL; }
 

@@ -26,7 +26,6 @@
 #pragma weak memquota_scope_attach
 #pragma weak memquota_scope_detach
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
 #define CHECKV(c, fmt, ...) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s: " fmt "\n", __LINE__, #c, __VA_ARGS__); exit(3); } } while (0)
 
 /* MEMQUOTA_LIMIT=1g: the threshold (every thread's slack) is limit / 4096, the hook's
@@ -34,16 +33,6 @@
 #define THRESHOLD (256ll << 10)
 #define INTERVAL (THRESHOLD / 2)
 
-static long long stat_of(const char *key) {
-    char buf[8192], pat[64];
-    CHECK(memquota_stats_json != NULL); /* the preload is really there */
-    size_t n = memquota_stats_json(buf, sizeof buf); /* flushes the calling thread */
-    CHECK(n < sizeof buf);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *at = strstr(buf, pat);
-    CHECK(at != NULL);
-    return strtoll(at + strlen(pat), NULL, 10);
-}
 static long long native(void) { return stat_of("native_bytes"); }
 static long long error_bound(void) { return stat_of("error_bound_bytes"); }
 

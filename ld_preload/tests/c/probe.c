@@ -29,20 +29,6 @@ W void cfree(void *);
 W void free_sized(void *, size_t);
 W void free_aligned_sized(void *, size_t, size_t);
 
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
-
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
-
-static unsigned long long stat_of(const char *key) {
-    char buf[4096], pat[64];
-    CHECK(memquota_stats_json != NULL); /* the preload is really there */
-    size_t n = memquota_stats_json(buf, sizeof buf);
-    CHECK(n < sizeof buf);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *at = strstr(buf, pat);
-    CHECK(at != NULL);
-    return strtoull(at + strlen(pat), NULL, 10);
-}
 static unsigned long long native(void) { return stat_of("native_bytes"); }
 
 static void entry(void) {

@@ -21,10 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
-
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
+#include "sampler.h"
 
 static pthread_barrier_t start;
 static size_t block;

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "sampler.h"
 
 /* Weak: resolved from the preloaded library at load time (the program is linked
  * without it). */
@@ -28,7 +29,6 @@
 #pragma weak memquota_last_refusal
 #pragma weak memquota_stats_json
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
 #define MIB ((size_t)1 << 20)
 #define TASKS 4
 
@@ -83,14 +83,6 @@ static void edges(void) {
 }
 
 /* A figure of the stats JSON (-1 if missing). */
-static long long stat_of(const char *key) {
-    static char json[8192];
-    char pattern[128];
-    memquota_stats_json(json, sizeof json);
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *at = strstr(json, pattern);
-    return at ? atoll(at + strlen(pattern)) : -1;
-}
 
 /* A thread that exits inside a retry block leaves it. */
 static void *exits_inside(void *scope) {
@@ -243,12 +235,6 @@ static void splits(void) {
 }
 
 /* ---- issue 30: ends that come from elsewhere ----------------------------------- */
-
-static long long now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
-}
 
 /* A thread in a retry block of `scope` whose 200 MiB request blocks (by malloc, or
  * by reservation), and how its wait ended. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "sampler.h"
 
 /* Weak: resolved from the preloaded library at load time (the program is linked
  * without it). */
@@ -17,7 +18,6 @@
 #pragma weak memquota_scope_reserve
 #pragma weak memquota_scope_release
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
 #define BIG (3u << 20)
 
 static uint64_t task;

@@ -31,8 +31,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#define CHECK_EXIT _exit
+#include "sampler.h"
+#include "monitor.h"
 
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
 void memquota_flush(void) __attribute__((weak));
 int memquota_set_limit(uint64_t bytes) __attribute__((weak));
 typedef void (*memquota_reclaim_fn)(size_t need, void *ctx);
@@ -41,8 +43,6 @@ void memquota_on_reclaim(memquota_reclaim_fn callback, void *ctx) __attribute__(
 /* Where a block nobody reads is stored, so the compiler keeps its malloc and free. */
 static void *volatile sink;
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); _exit(3); } } while (0)
-
 #define MIB (1UL << 20)
 #define MAX_WORKERS 8
 #define LIVE_CAP 48
@@ -50,22 +50,6 @@ static void *volatile sink;
 #define CACHE_MIB 16
 #define PHASE_BUDGET_MS 20000.0
 #define CHILD_TIMEOUT_MS 10000
-
-static unsigned long long stat_of(const char *key) {
-    char buf[4096], pat[64];
-    size_t n = memquota_stats_json(buf, sizeof buf);
-    CHECK(n < sizeof buf);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *at = strstr(buf, pat);
-    CHECK(at != NULL);
-    return strtoull(at + strlen(pat), NULL, 10);
-}
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
 
 static uint64_t next(uint64_t *s) {
     *s ^= *s >> 12; *s ^= *s << 25; *s ^= *s >> 27;
@@ -285,20 +269,7 @@ static void *work(void *arg) {
     return NULL;
 }
 
-/* ---- monitor and watchdog ---- */
-static atomic_int monitor_stop;
-static atomic_ullong max_sample, samples;
-static void *monitor(void *arg) {
-    (void)arg;
-    while (!atomic_load(&monitor_stop)) {
-        unsigned long long n = stat_of("native_bytes");
-        if (n > atomic_load(&max_sample)) atomic_store(&max_sample, n);
-        atomic_fetch_add(&samples, 1);
-        usleep(1000); /* pacing */
-    }
-    return NULL;
-}
-
+/* ---- the watchdog ---- */
 static atomic_int phase_now = -1;
 static _Atomic double watch_deadline;
 static void *watchdog(void *arg) {
@@ -366,19 +337,14 @@ static void phase(int i, uint64_t seed, int nw, int forks, double ms, int report
     memquota_flush();
     unsigned long long base = stat_of("native_bytes"), cache0 = atomic_load(&cache_bytes);
     unsigned long long ooms0 = stat_of("oom_total");
-    atomic_store(&monitor_stop, 0);
-    atomic_store(&max_sample, 0);
-    atomic_store(&samples, 0);
-    pthread_t mon;
-    CHECK(pthread_create(&mon, NULL, monitor, NULL) == 0);
+    monitor_start();
     double t0 = now_ms();
     phase_end = t0 + ms;
     phase_half = t0 + ms / 2;
     for (int w = 0; w < nw; w++) CHECK(pthread_create(&workers[w].th, NULL, work, &workers[w]) == 0);
     for (int w = 0; w < nw; w++) pthread_join(workers[w].th, NULL);
     double took = now_ms() - t0;
-    atomic_store(&monitor_stop, 1);
-    pthread_join(mon, NULL);
+    monitor_end();
     for (int w = 0; w < nw; w++) drain(&workers[w]); /* main frees what is left in the mailboxes */
     atomic_store(&enabled, 0);
     while (atomic_load(&in_callback) > 0) sched_yield();

@@ -23,46 +23,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-size_t memquota_stats_json(char *buf, size_t len) __attribute__((weak));
-
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "CHECK failed line %d: %s\n", __LINE__, #c); exit(3); } } while (0)
-
-static unsigned long long stat_of(const char *key) {
-    char buf[4096], pat[64];
-    size_t n = memquota_stats_json(buf, sizeof buf);
-    CHECK(n < sizeof buf);
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    char *at = strstr(buf, pat);
-    CHECK(at != NULL);
-    return strtoull(at + strlen(pat), NULL, 10);
-}
-
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
-/* ---- the monitor ---- */
-static atomic_int monitor_stop;
-static atomic_ullong max_sample, samples;
-static pthread_t monitor_thread;
-static void *monitor(void *arg) {
-    (void)arg;
-    while (!atomic_load(&monitor_stop)) {
-        unsigned long long n = stat_of("native_bytes");
-        if (n > atomic_load(&max_sample)) atomic_store(&max_sample, n);
-        atomic_fetch_add(&samples, 1);
-        usleep(1000); /* pacing */
-    }
-    return NULL;
-}
-static void monitor_start(void) { CHECK(pthread_create(&monitor_thread, NULL, monitor, NULL) == 0); }
-static void monitor_end(void) {
-    atomic_store(&monitor_stop, 1);
-    pthread_join(monitor_thread, NULL);
-}
+#include "sampler.h"
+#include "monitor.h"
 
 static void *volatile sink;
 

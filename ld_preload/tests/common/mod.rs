@@ -2,8 +2,8 @@
 //! assertions that print what the program said.
 #![allow(dead_code)] // each test binary uses its own part
 
-use std::path::PathBuf;
-use std::process::Output;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 /// target/release/libmemquota.so, next to this test's own deps/ directory.
 pub fn lib() -> PathBuf {
@@ -11,6 +11,21 @@ pub fn lib() -> PathBuf {
     let so = exe.parent().unwrap().parent().unwrap().join("libmemquota.so");
     assert!(so.exists(), "{} is missing: run `cargo build --release` first", so.display());
     so
+}
+
+/// A directory of this test process's own for the programs it builds:
+/// `memquota-<what>-tests-<pid>` in the temporary directory.
+pub fn build_dir(what: &str) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("memquota-{what}-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    out
+}
+
+/// `compiler args... -o out`, run in tests/c (where `sampler.h` is).
+pub fn compile(compiler: &str, args: &[&str], out: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c");
+    let status = Command::new(compiler).current_dir(&src).args(args).arg("-o").arg(out).status().unwrap();
+    assert!(status.success(), "{compiler} {args:?} -o {} failed", out.display());
 }
 
 pub fn text(b: &[u8]) -> String {

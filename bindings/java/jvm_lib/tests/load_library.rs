@@ -117,9 +117,9 @@ fn gc_makes_room_and_refusal_is_an_out_of_memory_error() {
 
 #[test]
 fn a_library_budget_under_the_preload_warns_of_two_budgets() {
-    let preload = std::env::var_os("MEMQUOTA_PRELOAD_SO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libmemquota.so"));
+    let preload = std::env::var_os("MEMQUOTA_PRELOAD_SO").map(PathBuf::from).unwrap_or_else(|| {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../target/release/libmemquota.so")
+    });
     let preload = std::fs::canonicalize(&preload).unwrap_or_else(|_| {
         panic!(
             "{} is missing: run `cargo build --release` in the repository root, or set MEMQUOTA_PRELOAD_SO",
