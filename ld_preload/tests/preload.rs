@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{assert_ok, build_dir, compile, inherited_vars, lib, text, Metrics};
+use common::{assert_ok, build_dir, compile, inherited_vars, lib, said, text, Metrics};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -1151,4 +1151,28 @@ fn malloc_conf_settings_without_effect_are_named() {
         stderr.contains("memquota: the program's malloc_conf \"narenas:1\" is for the jemalloc"),
         "{stderr}"
     );
+}
+
+/// `dlopen`ed rather than preloaded (a JVM's `-agentpath` without `LD_PRELOAD`), the
+/// library's constructor runs under the loader's lock. It must not wait there for its
+/// own service thread, whose first jemalloc call can take that lock (jemalloc looks
+/// `pthread_create` up with `dlsym`): before the fix about half these loads hung for
+/// ever, so 40 in a row would not all finish.
+#[test]
+fn a_dlopened_library_never_waits_under_the_loader_lock_for_its_service_thread() {
+    let host = build_dir("dlopen").join("dlopen_host");
+    compile("gcc", &["-O1", "-Wall", "-Werror", "dlopen_host.c", "-ldl"], &host);
+    for run in 0..40 {
+        let out = Command::new("timeout")
+            .arg("10")
+            .arg(&host)
+            .arg(lib())
+            .env("MEMQUOTA_LIMIT", "1g")
+            // Room in the static TLS block for the library's initial-exec TLS, as a
+            // `dlopen` of it needs.
+            .env("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=16384")
+            .output()
+            .unwrap();
+        assert!(out.status.success() && text(&out.stdout).contains("loaded"), "load {run}: {}", said(&out));
+    }
 }
