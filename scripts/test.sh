@@ -10,7 +10,8 @@ say "toolchain and the programs the tests compile or run"
 command -v cargo >/dev/null || { echo "cargo is missing: install Rust (https://rustup.rs)" >&2; exit 1; }
 cargo --version
 need=()
-for tool in gcc:gcc g++:g++ nm:binutils timeout:coreutils sort:coreutils java:default-jdk-headless javac:default-jdk-headless python3:python3; do
+# gdb: a test's watchdog prints every thread's stack with it when a check hangs.
+for tool in gcc:gcc g++:g++ gdb:gdb nm:binutils timeout:coreutils sort:coreutils java:default-jdk-headless javac:default-jdk-headless python3:python3; do
     command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 # The preload's jemalloc API tests compile a program with -ljemalloc (Debian's jemalloc).

@@ -174,8 +174,65 @@ fn fire(now: u64) -> ! {
         f(&mut l);
     }
     l.emit();
+    print_every_stack();
     // SAFETY: _exit has no preconditions; the process is stuck, nothing may run.
     unsafe { libc::_exit(HUNG) }
+}
+
+/// Where each thread of this stuck process stands, from gdb (`thread apply all bt`) on
+/// stdout, so that a hang seen once says where it was. Allocates nothing here (a stuck
+/// allocator may hold its locks): gdb is spawned with arguments built on the
+/// stack; gdb writes to stdout, bounded at 60 s. Without gdb (scripts/test.sh installs
+/// it) it says so.
+fn print_every_stack() {
+    const GDB: &[u8] = b"/usr/bin/gdb\0";
+    // SAFETY: a NUL-terminated path.
+    if unsafe { libc::access(GDB.as_ptr().cast(), libc::X_OK) } != 0 {
+        let mut l = Line::new();
+        let _ = writeln!(l, "WATCHDOG: no /usr/bin/gdb, so no stacks");
+        l.emit();
+        return;
+    }
+    let mut pid = [0u8; 24];
+    {
+        let mut w = memquota::seam::text::SliceWriter::new(&mut pid);
+        let _ = write!(w, "{}\0", std::process::id());
+    }
+    let args: [&[u8]; 7] = [GDB, b"-p\0", &pid, b"-batch\0", b"-ex\0", b"thread apply all bt 40\0", b"-nx\0"];
+    let mut argv = [std::ptr::null::<libc::c_char>(); 8];
+    for (slot, arg) in argv.iter_mut().zip(args) {
+        *slot = arg.as_ptr().cast();
+    }
+    extern "C" {
+        static environ: *const *const libc::c_char;
+    }
+    let mut child: libc::pid_t = 0;
+    // SAFETY: posix_spawn with no file actions and no attributes runs no fork handler
+    // (a stuck thread may hold a lock memquota's would take) and allocates nothing
+    // here; the arguments stay valid until it returns.
+    let spawned = unsafe {
+        libc::posix_spawn(
+            &mut child,
+            argv[0],
+            std::ptr::null(),
+            std::ptr::null(),
+            argv.as_ptr().cast(),
+            environ.cast(),
+        )
+    };
+    if spawned != 0 {
+        return;
+    }
+    for _ in 0..600 {
+        let mut status = 0;
+        // SAFETY: our own child.
+        if unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) } != 0 {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: our own child, stuck.
+    unsafe { libc::kill(child, libc::SIGKILL) };
 }
 
 /// Arms the watchdog: `what` must end within `budget`.
