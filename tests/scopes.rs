@@ -304,6 +304,47 @@ fn spillable(scope: &memquota::TaskScope, name: &'static str, bytes: u64) -> mem
     c
 }
 
+/// A value a spill callback captures that panics when dropped.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("a spill callback's value panicked in Drop, on purpose");
+    }
+}
+
+static SELF_UNREGISTERING: OnceLock<memquota::Consumer> = OnceLock::new();
+
+/// A callback that unregisters its own consumer leaves the spill that runs it the last
+/// holder: its captured values drop there, inside a request (in the allocator's slow
+/// path, for an attached thread's allocation). A panic in their `Drop` is caught, as a
+/// panic in the callback is.
+fn a_spill_callbacks_values_that_panic_in_drop_never_unwind_out_of_a_request() {
+    memquota::set_report_hook(quiet);
+    let scope = mm().begin("drop-panic", 41, 0).unwrap();
+    scope.set_cap(Some(64 * MIB));
+    let held: Arc<Mutex<Option<Reservation>>> = Arc::new(Mutex::new(None));
+    let h2 = Arc::clone(&held);
+    let value = PanicsOnDrop;
+    let c = scope
+        .consumer("self-unregistering", move |_target| {
+            let _ = &value;
+            if let Some(me) = SELF_UNREGISTERING.get() {
+                me.unregister();
+            }
+            h2.lock().unwrap().take().map_or(0, |r| r.bytes())
+        })
+        .unwrap();
+    SELF_UNREGISTERING.set(c).unwrap();
+    *held.lock().unwrap() = Some(c.reserve(40 * MIB).unwrap());
+    let asked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scope.reserve(40 * MIB)));
+    let granted = asked.expect("the Drop's panic unwound out of the request");
+    let r = granted.expect("granted once the spill gave its 40 MiB back");
+    assert_eq!(r.bytes(), 40 * MIB);
+    drop(r);
+    assert!(!scope.end().is_leak());
+}
+
 fn spill_order_and_counts() {
     memquota::set_report_hook(quiet);
     // Same scope: the smallest that covers the gap, else the largest.
@@ -812,6 +853,10 @@ fn main() {
     support::wait_for_sampler();
     support::run(&[
         ("a_finished_scope_no_longer_narrows_the_share", a_finished_scope_no_longer_narrows_the_share),
+        (
+            "a_spill_callbacks_values_that_panic_in_drop_never_unwind_out_of_a_request",
+            a_spill_callbacks_values_that_panic_in_drop_never_unwind_out_of_a_request,
+        ),
         ("work_on_the_tasks_own_thread", work_on_the_tasks_own_thread),
         ("helper_threads_and_cross_thread_frees", helper_threads_and_cross_thread_frees),
         ("work_outside_any_task_in_a_short_lived_scope", work_outside_any_task_in_a_short_lived_scope),

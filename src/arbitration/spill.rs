@@ -28,7 +28,14 @@ fn slot(key: u64) -> usize {
 
 pub(crate) fn register(key: u64, callback: Arc<SpillFn>) {
     let old = CALLBACKS.lock()[slot(key)].replace((key, callback));
-    drop(old); // outside the lock: dropping may free memory
+    drop_caught(old); // outside the lock: dropping may free memory
+}
+
+/// Drops a callback (its captured values, when it is the last holder) with a panic in
+/// a `Drop` of theirs caught, as a panic in the callback itself is: the last holder
+/// can be an allocating thread in the slow path, which must not unwind.
+fn drop_caught<T>(callback: T) {
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(callback)));
 }
 
 pub(crate) fn unregister(key: u64) {
@@ -39,7 +46,7 @@ pub(crate) fn unregister(key: u64) {
             _ => None,
         }
     };
-    drop(old);
+    drop_caught(old);
 }
 
 /// Drops the callbacks whose consumer is gone (its scope ended).
@@ -118,7 +125,7 @@ pub(crate) fn run(key: u64, target: u64) -> u64 {
         catch_unwind(AssertUnwindSafe(|| f(target))).unwrap_or(0)
     };
     POOL.lock().note_spill(key, freed);
-    drop(f);
+    drop_caught(f);
     freed
 }
 
