@@ -21,6 +21,8 @@ pub(crate) mod report;
 #[cfg(not(loom))]
 pub(crate) mod reserve;
 #[cfg(not(loom))]
+pub(crate) mod profile;
+#[cfg(not(loom))]
 pub(crate) mod sampler;
 #[cfg(not(loom))]
 pub(crate) mod snapshot;

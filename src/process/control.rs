@@ -32,6 +32,9 @@ fn configure(config: &Config) -> Result<()> {
     if crate::policy::sampler::ensure_sampling() {
         crate::policy::purge::take_over_decay();
     }
+    // Here too (the sampler thread does it for a program that never calls `init`),
+    // so that the profile is set up when `init` returns.
+    crate::policy::profile::configure(config.profile_sample_setting());
     crate::process::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {
