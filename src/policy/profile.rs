@@ -662,7 +662,7 @@ pub fn write_sites(w: &mut impl Write, s: &Sites, label: &str) -> fmt::Result {
     )?;
     for site in &s.sites[..s.len] {
         let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
-        write!(w, "    {:#}  {share:.1}% ", Size(site.bytes))?;
+        write!(w, "    {}  {share:.1}% ", Size(site.bytes))?;
         let mut last = u8::MAX;
         for (k, f) in site.frames[..site.depth].iter().enumerate() {
             if k > 0 {
