@@ -24,6 +24,7 @@ struct Built {
     lazy: PathBuf,
     leader: PathBuf,
     unwind: PathBuf,
+    sites: PathBuf,
 }
 
 fn built() -> &'static Built {
@@ -45,6 +46,7 @@ fn built() -> &'static Built {
             lazy: out.join("lazy"),
             leader: out.join("leader"),
             unwind: out.join("unwind"),
+            sites: out.join("sites"),
         };
         cc("gcc", &["-O1", "-g", "-Wall", "-pthread", "scopes.c", "-o", b.scopes.to_str().unwrap()]);
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "-pthread", "retry.c", "-o", b.retry.to_str().unwrap()]);
@@ -57,6 +59,7 @@ fn built() -> &'static Built {
             &["-O1", "-g", "-Wall", "-Werror", "-pthread", "leader.c", "-o", b.leader.to_str().unwrap()],
         );
         cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "unwind.c", "-o", b.unwind.to_str().unwrap()]);
+        cc("gcc", &["-O1", "-g", "-Wall", "-Werror", "sites.c", "-o", b.sites.to_str().unwrap()]);
         b
     })
 }
@@ -1175,4 +1178,46 @@ fn malloc_conf_settings_without_effect_are_named() {
         stderr.contains("memquota: the program's malloc_conf \"narenas:1\" is for the jemalloc"),
         "{stderr}"
     );
+}
+
+/// The report's top sites (`tests/c/sites.c`): estimated bytes and the frames named
+/// by `addr2line`, as `memquota run` names them.
+fn report_sites(report: &str) -> Vec<(u64, Vec<String>)> {
+    let mut lines = report.lines().skip_while(|l| !l.trim_start().starts_with("top sites"));
+    assert!(lines.next().is_some(), "the report names its top sites:\n{report}");
+    lines
+        .take_while(|l| l.starts_with("    "))
+        .map(|line| {
+            let bytes = line.split(['(', ')']).nth(1).and_then(|b| b.parse().ok()).expect("bytes");
+            let mut object = String::new();
+            let mut names = Vec::new();
+            for frame in line.split_once('%').expect("a share").1.split("<-").map(str::trim) {
+                let (obj, addr) = frame.rsplit_once('+').expect("OBJECT+ADDR");
+                if !obj.is_empty() {
+                    object = obj.to_string();
+                }
+                let out = Command::new("addr2line").args(["-f", "-i", "-e", &object, addr]).output().unwrap();
+                names.extend(text(&out.stdout).lines().step_by(2).map(str::to_string));
+            }
+            (bytes, names)
+        })
+        .collect()
+}
+
+/// A C program refused at its limit: the report names the two functions that hold
+/// the memory, first and second, with estimates within 25% of the 48 and 8 MiB they
+/// hold (one through the counted path, one through a lazy thread's jump into
+/// jemalloc), and not the one whose 256 MiB were freed.
+#[test]
+fn the_report_names_the_sites_that_hold_the_memory() {
+    let out = preloaded(&built().sites, &[], &[("MEMQUOTA_LIMIT", "64m")]);
+    assert_ok(&out, "sites");
+    assert!(text(&out.stdout).contains("32 MiB refused"), "{}", text(&out.stdout));
+    let report = text(&out.stderr);
+    let sites = report_sites(&report);
+    let within = |bytes: u64, mib: u64| bytes >= mib * 3 / 4 << 20 && bytes <= mib * 5 / 4 << 20;
+    let named = |i: usize, f: &str| sites.get(i).is_some_and(|s| s.1.iter().any(|n| n == f));
+    assert!(named(0, "big_site") && within(sites[0].0, 48), "big_site first, ~48 MiB:\n{report}");
+    assert!(named(1, "small_site") && within(sites[1].0, 8), "small_site second, ~8 MiB:\n{report}");
+    assert!(!sites.iter().any(|s| s.1.iter().any(|n| n == "churn_site")), "freed memory is not live:\n{report}");
 }
