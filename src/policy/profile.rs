@@ -194,10 +194,14 @@ fn own_object() {
 /// rate up to a few MiB; a rate far above that may learn nothing, and the stacks
 /// then start inside the allocator.
 fn calibrate() {
-    for f in [calibrate_alloc as fn(), calibrate_zeroed, calibrate_realloc] {
+    // Small blocks too: a face may reach jemalloc by another path for them (the Rust
+    // face's fast path, the preload's lazy jump).
+    let kinds: [(fn(), u32); 4] =
+        [(calibrate_alloc, 256), (calibrate_small, 4096), (calibrate_zeroed, 256), (calibrate_realloc, 256)];
+    for (f, tries) in kinds {
         LEARNED.store(false, Relaxed);
-        CALIBRATING.store(f as usize, Release);
-        for _ in 0..256 {
+        CALIBRATING.store(f as *const () as usize, Release);
+        for _ in 0..tries {
             f();
             if LEARNED.load(Acquire) {
                 break;
@@ -212,6 +216,17 @@ const CALIBRATION_SIZE: usize = 1 << 20;
 #[inline(never)]
 fn calibrate_alloc() {
     let layout = std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
+    // SAFETY: a non-zero size; freed with the same layout.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if !p.is_null() {
+        // SAFETY: allocated just above with this layout.
+        unsafe { std::alloc::dealloc(std::hint::black_box(p), layout) };
+    }
+}
+
+#[inline(never)]
+fn calibrate_small() {
+    let layout = std::alloc::Layout::new::<[u64; 512]>();
     // SAFETY: a non-zero size; freed with the same layout.
     let p = unsafe { std::alloc::alloc(layout) };
     if !p.is_null() {
@@ -674,6 +689,25 @@ pub fn write_sites(w: &mut impl Write, s: &Sites, label: &str) -> fmt::Result {
                 None => write!(w, " {:#x}", f.addr)?,
             }
             last = f.object;
+        }
+        w.write_char('\n')?;
+    }
+    Ok(())
+}
+
+/// The sites as comment lines of a Prometheus text (the preload's stats file), for
+/// `memquota run` to name: `# memquota site BYTES SHARE% OBJECT+ADDR ...`, every
+/// frame with its object, after a `# memquota sites WHEN` line.
+pub fn write_site_comments(w: &mut impl Write, s: &Sites, when: &str) -> fmt::Result {
+    writeln!(w, "# memquota sites {when}; total {} bytes, 1 sample per {} bytes", s.total, s.rate)?;
+    for site in &s.sites[..s.len] {
+        let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
+        write!(w, "# memquota site {} {share:.1}%", site.bytes)?;
+        for f in &site.frames[..site.depth] {
+            match s.object(f.object) {
+                Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
+                None => write!(w, " {:#x}", f.addr)?,
+            }
         }
         w.write_char('\n')?;
     }

@@ -213,6 +213,15 @@ pub fn last_report_sites() -> Option<Sites> {
     (sites.len > 0).then_some(sites)
 }
 
+/// The sites a program's summary names, and when they were read: those of the last
+/// full report (what held the memory when the budget refused), else those live now.
+pub fn summary_sites() -> Option<(Sites, &'static str)> {
+    match last_report_sites() {
+        Some(sites) => Some((sites, "at the last refusal")),
+        None => Sites::read().map(|sites| (sites, "live now")),
+    }
+}
+
 /// Hands the summary of refusals held back so far to the hook, if there are any: for
 /// a program's exit.
 pub fn flush_quiet() {
