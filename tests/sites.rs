@@ -19,12 +19,17 @@ static GLOBAL: QuotaAlloc = QuotaAlloc::new();
 fn main() {
     support::run_isolated_with_env(
         &[
-            ("a_refusal_names_the_two_sites_holding_the_memory", a_refusal_names_the_two_sites_holding_the_memory, FINE),
+            (
+                "a_refusal_names_the_two_sites_holding_the_memory",
+                a_refusal_names_the_two_sites_holding_the_memory,
+                FINE,
+            ),
             ("memory_freed_leaves_the_sites", memory_freed_leaves_the_sites, FINE),
-            ("profile_sample_0_turns_the_profile_off", profile_sample_0_turns_the_profile_off, &[(
-                "MEMQUOTA_PROFILE_SAMPLE",
-                "0",
-            )]),
+            (
+                "profile_sample_0_turns_the_profile_off",
+                profile_sample_0_turns_the_profile_off,
+                &[("MEMQUOTA_PROFILE_SAMPLE", "0")],
+            ),
         ],
         Duration::from_secs(60),
     );
@@ -84,7 +89,8 @@ fn sites(report: &str) -> Vec<Site> {
     let mut out = Vec::new();
     for line in lines.take_while(|l| l.starts_with("    ")) {
         // "    42.6 MiB (44622215)  85.0%  /obj+0x11cd <- +0x1084 <- /lib+0x27249"
-        let bytes: u64 = line.split(['(', ')']).nth(1).and_then(|b| b.parse().ok()).expect("bytes in parentheses");
+        let bytes: u64 =
+            line.split(['(', ')']).nth(1).and_then(|b| b.parse().ok()).expect("bytes in parentheses");
         let frames = line.split_once('%').expect("a share").1;
         let mut object = String::new();
         let mut names = Vec::new();
@@ -93,7 +99,10 @@ fn sites(report: &str) -> Vec<Site> {
             if !obj.is_empty() {
                 object = obj.to_string();
             }
-            let out = Command::new("addr2line").args(["-f", "-i", "-C", "-e", &object, addr]).output().expect("addr2line");
+            let out = Command::new("addr2line")
+                .args(["-f", "-i", "-C", "-e", &object, addr])
+                .output()
+                .expect("addr2line");
             names.extend(String::from_utf8_lossy(&out.stdout).lines().step_by(2).map(str::to_string));
         }
         out.push(Site { bytes, names });

@@ -1212,7 +1212,8 @@ fn report_sites(report: &str) -> Vec<(u64, Vec<String>)> {
 /// about one run in three (tests/sites.rs says more).
 #[test]
 fn the_report_names_the_sites_that_hold_the_memory() {
-    let out = preloaded(&built().sites, &[], &[("MEMQUOTA_LIMIT", "64m"), ("MEMQUOTA_PROFILE_SAMPLE", "16k")]);
+    let out =
+        preloaded(&built().sites, &[], &[("MEMQUOTA_LIMIT", "64m"), ("MEMQUOTA_PROFILE_SAMPLE", "16k")]);
     assert_ok(&out, "sites");
     assert!(text(&out.stdout).contains("32 MiB refused"), "{}", text(&out.stdout));
     let report = text(&out.stderr);
@@ -1221,5 +1222,8 @@ fn the_report_names_the_sites_that_hold_the_memory() {
     let named = |i: usize, f: &str| sites.get(i).is_some_and(|s| s.1.iter().any(|n| n == f));
     assert!(named(0, "big_site") && within(sites[0].0, 48), "big_site first, ~48 MiB:\n{report}");
     assert!(named(1, "small_site") && within(sites[1].0, 8), "small_site second, ~8 MiB:\n{report}");
-    assert!(!sites.iter().any(|s| s.1.iter().any(|n| n == "churn_site")), "freed memory is not live:\n{report}");
+    assert!(
+        !sites.iter().any(|s| s.1.iter().any(|n| n == "churn_site")),
+        "freed memory is not live:\n{report}"
+    );
 }

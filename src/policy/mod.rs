@@ -13,6 +13,8 @@ pub(crate) mod coordinator;
 #[cfg(not(loom))]
 pub(crate) mod heap_probe;
 #[cfg(not(loom))]
+pub(crate) mod profile;
+#[cfg(not(loom))]
 pub(crate) mod purge;
 #[cfg(not(loom))]
 pub(crate) mod reclaim;
@@ -20,8 +22,6 @@ pub(crate) mod reclaim;
 pub(crate) mod report;
 #[cfg(not(loom))]
 pub(crate) mod reserve;
-#[cfg(not(loom))]
-pub(crate) mod profile;
 #[cfg(not(loom))]
 pub(crate) mod sampler;
 #[cfg(not(loom))]

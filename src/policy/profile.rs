@@ -34,6 +34,9 @@ const OBJECTS: usize = 8;
 const PATH: usize = 192;
 /// Allocator functions the stacks leave out, learned at start-up.
 const SKIP: usize = 48;
+/// The deepest stack kept: Go's heap profile keeps 32 frames too. The unwinder's cost
+/// is per frame, so a deep server stack costs no more than this.
+const DEPTH: usize = 32;
 
 /// jemalloc's options compiled into the program (`malloc_conf`, with the prefix of
 /// memquota's jemalloc): profiling on from jemalloc's start, since `opt.prof` cannot
@@ -190,14 +193,15 @@ fn own_object() {
 /// Learns the allocator's frames: allocations from functions of known address are
 /// made until one of each kind has been sampled, and every function between the hook
 /// and them is the allocator's (jemalloc's entry points and profiler, the face's
-/// `GlobalAlloc` or the preload's exports). Their sizes make a sample likely at any
-/// rate up to a few MiB; a rate far above that may learn nothing, and the stacks
-/// then start inside the allocator.
+/// `GlobalAlloc` or the preload's exports). At most 16 MiB in 1 MiB blocks per kind,
+/// and 2 MiB in 4 KiB ones: a sample is all but certain at the default rate. A rate
+/// far above it, or a program whose global allocator is not memquota's (then these
+/// never reach jemalloc), learns nothing, and its stacks start inside the allocator.
 fn calibrate() {
     // Small blocks too: a face may reach jemalloc by another path for them (the Rust
     // face's fast path, the preload's lazy jump).
     let kinds: [(fn(), u32); 4] =
-        [(calibrate_alloc, 256), (calibrate_small, 4096), (calibrate_zeroed, 256), (calibrate_realloc, 256)];
+        [(calibrate_alloc, 16), (calibrate_small, 512), (calibrate_zeroed, 16), (calibrate_realloc, 16)];
     for (f, tries) in kinds {
         LEARNED.store(false, Relaxed);
         CALIBRATING.store(f as *const () as usize, Release);
@@ -215,7 +219,8 @@ const CALIBRATION_SIZE: usize = 1 << 20;
 
 #[inline(never)]
 fn calibrate_alloc() {
-    let layout = std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
+    let layout =
+        std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
     // SAFETY: a non-zero size; freed with the same layout.
     let p = unsafe { std::alloc::alloc(layout) };
     if !p.is_null() {
@@ -237,7 +242,8 @@ fn calibrate_small() {
 
 #[inline(never)]
 fn calibrate_zeroed() {
-    let layout = std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
+    let layout =
+        std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
     // SAFETY: a non-zero size; freed with the same layout.
     let p = unsafe { std::alloc::alloc_zeroed(layout) };
     if !p.is_null() {
@@ -342,7 +348,7 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
 unsafe extern "C" fn backtrace(vec: *mut *mut c_void, len: *mut c_uint, max: c_uint) {
     let mut walk = Walk {
         vec,
-        max: max as usize,
+        max: (max as usize).min(DEPTH),
         n: 0,
         skipping: true,
         calibrating: CALIBRATING.load(Acquire),
@@ -405,14 +411,28 @@ impl Default for Sites {
 impl Sites {
     /// None.
     pub const fn new() -> Sites {
-        const SITE: Site = Site { bytes: 0, blocks: 0, frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES], depth: 0 };
-        Sites { rate: 0, total: 0, sites: [SITE; TOP], len: 0, paths: [[0; PATH]; OBJECTS], path_len: [0; OBJECTS], objects: 0 }
+        const SITE: Site = Site {
+            bytes: 0,
+            blocks: 0,
+            frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES],
+            depth: 0,
+        };
+        Sites {
+            rate: 0,
+            total: 0,
+            sites: [SITE; TOP],
+            len: 0,
+            paths: [[0; PATH]; OBJECTS],
+            path_len: [0; OBJECTS],
+            objects: 0,
+        }
     }
 
     /// The path of object `i` of a frame.
     pub fn object(&self, i: u8) -> Option<&str> {
         let i = usize::from(i);
-        (i < self.objects).then(|| std::str::from_utf8(&self.paths[i][..usize::from(self.path_len[i])]).unwrap_or("?"))
+        (i < self.objects)
+            .then(|| std::str::from_utf8(&self.paths[i][..usize::from(self.path_len[i])]).unwrap_or("?"))
     }
 
     fn intern(&mut self, path: &[u8]) -> u8 {
@@ -601,7 +621,9 @@ impl Parser {
         } else if let Some(rest) = line.strip_prefix(b"  t*: ") {
             // "count: bytes [accumulated]"
             let mut parts = rest.split(|&b| b == b':' || b == b' ' || b == b'[').filter(|p| !p.is_empty());
-            let (Some(count), Some(bytes)) = (parts.next().and_then(dec), parts.next().and_then(dec)) else { return };
+            let (Some(count), Some(bytes)) = (parts.next().and_then(dec), parts.next().and_then(dec)) else {
+                return;
+            };
             let (blocks, bytes) = unsample(count, bytes, self.rate);
             if self.in_stack {
                 self.sites.total = self.sites.total.saturating_add(bytes);
@@ -630,7 +652,8 @@ impl Parser {
         };
         let path = fields.next().unwrap_or_default();
         let Some(dash) = range.iter().position(|&b| b == b'-') else { return };
-        let (Some(start), Some(end), Some(off)) = (hex(&range[..dash]), hex(&range[dash + 1..]), hex(off)) else {
+        let (Some(start), Some(end), Some(off)) = (hex(&range[..dash]), hex(&range[dash + 1..]), hex(off))
+        else {
             return;
         };
         if path.is_empty() || path[0] != b'/' {
