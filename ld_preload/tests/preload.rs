@@ -1218,7 +1218,7 @@ fn the_report_names_the_sites_that_hold_the_memory() {
     assert!(text(&out.stdout).contains("32 MiB refused"), "{}", text(&out.stdout));
     let report = text(&out.stderr);
     let sites = report_sites(&report);
-    let within = |bytes: u64, mib: u64| bytes >= mib * 3 / 4 << 20 && bytes <= mib * 5 / 4 << 20;
+    let within = |bytes: u64, mib: u64| bytes >= (mib << 20) * 3 / 4 && bytes <= (mib << 20) * 5 / 4;
     let named = |i: usize, f: &str| sites.get(i).is_some_and(|s| s.1.iter().any(|n| n == f));
     assert!(named(0, "big_site") && within(sites[0].0, 48), "big_site first, ~48 MiB:\n{report}");
     assert!(named(1, "small_site") && within(sites[1].0, 8), "small_site second, ~8 MiB:\n{report}");

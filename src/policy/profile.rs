@@ -22,8 +22,6 @@ use crate::base::text::Size;
 use libc::{c_int, c_uint, c_void};
 use std::fmt::{self, Write};
 
-/// The default mean number of bytes between two samples: Go's and the field's.
-pub const DEFAULT_SAMPLE: u64 = 512 << 10;
 /// Sites a report names.
 pub const TOP: usize = 5;
 /// Frames kept per site, innermost first.
@@ -90,15 +88,6 @@ static RATE: AtomicU64 = AtomicU64::new(0);
 /// Whether the profile is being taken.
 pub fn enabled() -> bool {
     ON.load(Acquire)
-}
-
-/// The mean bytes between two samples (0: off).
-pub fn sample_rate() -> u64 {
-    if enabled() {
-        RATE.load(Relaxed)
-    } else {
-        0
-    }
 }
 
 fn ctl_read<T: Copy>(name: &[u8]) -> Option<T> {
@@ -700,7 +689,7 @@ pub fn write_sites(w: &mut impl Write, s: &Sites, label: &str) -> fmt::Result {
     )?;
     for site in &s.sites[..s.len] {
         let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
-        write!(w, "    {}  {share:.1}% ", Size(site.bytes))?;
+        write!(w, "    {} in {} blocks  {share:.1}% ", Size(site.bytes), site.blocks)?;
         let mut last = u8::MAX;
         for (k, f) in site.frames[..site.depth].iter().enumerate() {
             if k > 0 {
@@ -735,4 +724,66 @@ pub fn write_site_comments(w: &mut impl Write, s: &Sites, when: &str) -> fmt::Re
         w.write_char('\n')?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nearest_power_of_two_is_jemallocs_rate() {
+        assert_eq!(nearest_lg(512 << 10), 19);
+        assert_eq!(nearest_lg(700 << 10), 19, "700 KiB is nearer 512 KiB than 1 MiB");
+        assert_eq!(nearest_lg(800 << 10), 20);
+        assert_eq!(nearest_lg(1), 0);
+        assert_eq!(nearest_lg(u64::MAX), 40);
+    }
+
+    /// A dump as jemalloc writes it: the top sites by estimated bytes, each frame
+    /// placed in its object (less the load address of the object's first mapping),
+    /// scaled as pprof does, the total of every record.
+    #[test]
+    fn a_dump_is_read_into_its_top_sites() {
+        let dump = "heap_v2/524288\n  t*: 99: 6500000 [0: 0]\n  t0: 99: 6500000 [0: 0]\n\
+            @ 0x55bc7c53b18e 0x55bc7c53b075 0x7fb552c4524a\n  t*: 50: 3280563 [0: 0]\n  t0: 50: 3280563 [0: 0]\n\
+            @ 0x55bc7c53b1be 0x7fb552c4524a\n  t*: 48: 196608 [0: 0]\n\
+            @ 0x7f0000000010\n  t*: 1: 64 [0: 0]\n\
+            \nMAPPED_LIBRARIES:\n\
+            55bc7c53a000-55bc7c53b000 r--p 00000000 fe:00 10011056                   /tmp/two\n\
+            55bc7c53b000-55bc7c53c000 r-xp 00001000 fe:00 10011056                   /tmp/two\n\
+            7fb552c1e000-7fb552c44000 r--p 00000000 fe:00 326606                     /usr/lib/libc.so.6\n\
+            7fb552c44000-7fb552d99000 r-xp 00026000 fe:00 326606                     /usr/lib/libc.so.6\n";
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: writes the bytes of `dump` to our own descriptor.
+        let n = unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) };
+        assert_eq!(n, dump.len() as isize);
+        let s = parse_fd(fd, 0).expect("parsed");
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+        assert_eq!(s.rate, 524288);
+        assert_eq!(s.len, 3);
+        let first = &s.sites[0];
+        // 50 blocks of 65611 bytes, each sampled with probability 1 - exp(-65611 / 524288).
+        let p = 1.0 - (-(3280563.0 / 50.0) / 524288.0f64).exp();
+        assert_eq!(first.bytes, (3280563.0 / p) as u64);
+        assert_eq!(first.blocks, (50.0 / p) as u64);
+        assert_eq!(first.depth, 3);
+        assert_eq!(s.object(first.frames[0].object), Some("/tmp/two"));
+        assert_eq!(first.frames[0].rel, 0x55bc7c53b18e - 1 - 0x55bc7c53a000);
+        assert_eq!(s.object(first.frames[2].object), Some("/usr/lib/libc.so.6"));
+        assert_eq!(first.frames[2].rel, 0x7fb552c4524a - 1 - 0x7fb552c1e000);
+        assert!(s.sites[1].bytes < first.bytes && s.sites[2].bytes < s.sites[1].bytes);
+        assert_eq!(s.sites[2].frames[0].object, u8::MAX, "in no file");
+        assert_eq!(s.total, s.sites[..3].iter().map(|x| x.bytes).sum::<u64>());
+        let mut text = String::new();
+        write_sites(&mut text, &s, "top sites").unwrap();
+        assert!(text.contains("/tmp/two+0x118d <- +0x1074 <- /usr/lib/libc.so.6+0x27249\n"), "{text}");
+        assert!(text.contains(" 0x7f0000000010\n"), "{text}");
+        let mut comments = String::new();
+        write_site_comments(&mut comments, &s, "live now").unwrap();
+        assert!(comments.starts_with("# memquota sites live now;"), "{comments}");
+        assert!(comments.contains("% /tmp/two+0x118d /tmp/two+0x1074 /usr/lib/libc.so.6+0x27249\n"), "{comments}");
+    }
 }
