@@ -126,7 +126,13 @@ pub(crate) fn configure(sample: u64) {
     }
     ctl_write(b"prof.active\0", true);
     RATE.store(1 << lg, Relaxed);
-    calibrate();
+    // On a thread of its own, an ordinary one: the caller may be a service thread,
+    // whose allocations all take the face's slow path, and a face's fast path has
+    // frames of its own to learn.
+    let learner = std::thread::Builder::new().name("memquota-sites".into()).spawn(calibrate);
+    if let Ok(learner) = learner {
+        let _ = learner.join();
+    }
     ON.store(true, Release);
 }
 
@@ -482,6 +488,8 @@ impl Sites {
 fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
     let mut parser = Parser {
         sites: Sites::new(),
+        pooled: [Site::default(); POOL],
+        pool_len: 0,
         rate,
         stack: [0; FRAMES],
         depth: 0,
@@ -514,6 +522,7 @@ fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
             if start < have {
                 parser.line(&buf[start..have]);
             }
+            parser.rank();
             break;
         }
         if start == 0 && have == buf.len() {
@@ -530,8 +539,13 @@ fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
     Some(parser.sites)
 }
 
+/// Sites a dump's records are gathered into before the top ones are kept.
+const POOL: usize = 32;
+
 struct Parser {
     sites: Sites,
+    pooled: [Site; POOL],
+    pool_len: usize,
     rate: u64,
     /// The stack of the record being read.
     stack: [u64; FRAMES],
@@ -620,14 +634,53 @@ impl Parser {
                 for (f, &a) in site.frames.iter_mut().zip(&self.stack[..self.depth]) {
                     *f = Frame { addr: a, object: u8::MAX, rel: 0 };
                 }
-                self.sites.insert(site);
+                self.pool(site);
                 self.in_stack = false;
             }
             // The header's own total is left: the records' are each scaled by their
             // own mean size.
         } else if line == b"MAPPED_LIBRARIES:" {
+            self.rank();
             self.maps = true;
         }
+    }
+
+    /// Adds a record to the pool of sites: two stacks whose frames after the first
+    /// are the same are one site (the same callers, down to the function that called
+    /// the allocator: a function may reach it by two calls, a face's fast and slow
+    /// paths, and then two return addresses differ in the first frame only). When the
+    /// pool is full, a record larger than its smallest site replaces it.
+    fn pool(&mut self, site: Site) {
+        let same = |a: &Site| {
+            a.depth == site.depth
+                && a.frames[usize::from(a.depth > 1)..a.depth]
+                    .iter()
+                    .zip(&site.frames[usize::from(site.depth > 1)..site.depth])
+                    .all(|(x, y)| x.addr == y.addr)
+        };
+        if let Some(p) = self.pooled[..self.pool_len].iter_mut().find(|p| same(p)) {
+            if site.bytes > p.bytes {
+                p.frames = site.frames;
+            }
+            p.bytes = p.bytes.saturating_add(site.bytes);
+            p.blocks = p.blocks.saturating_add(site.blocks);
+        } else if self.pool_len < POOL {
+            self.pooled[self.pool_len] = site;
+            self.pool_len += 1;
+        } else if let Some(smallest) = self.pooled.iter_mut().min_by_key(|p| p.bytes) {
+            if smallest.bytes < site.bytes {
+                *smallest = site;
+            }
+        }
+    }
+
+    /// The pool's top sites, once every record is in.
+    fn rank(&mut self) {
+        for i in 0..self.pool_len {
+            let site = self.pooled[i];
+            self.sites.insert(site);
+        }
+        self.pool_len = 0;
     }
 
     /// `start-end perms offset dev inode path`: the frames of the kept sites that lie
@@ -748,6 +801,7 @@ mod tests {
             @ 0x55bc7c53b18e 0x55bc7c53b075 0x7fb552c4524a\n  t*: 50: 3280563 [0: 0]\n  t0: 50: 3280563 [0: 0]\n\
             @ 0x55bc7c53b1be 0x7fb552c4524a\n  t*: 48: 196608 [0: 0]\n\
             @ 0x7f0000000010\n  t*: 1: 64 [0: 0]\n\
+            @ 0x55bc7c53b100 0x55bc7c53b075 0x7fb552c4524a\n  t*: 2: 131222 [0: 0]\n\
             \nMAPPED_LIBRARIES:\n\
             55bc7c53a000-55bc7c53b000 r--p 00000000 fe:00 10011056                   /tmp/two\n\
             55bc7c53b000-55bc7c53c000 r-xp 00001000 fe:00 10011056                   /tmp/two\n\
@@ -765,10 +819,13 @@ mod tests {
         assert_eq!(s.rate, 524288);
         assert_eq!(s.len, 3);
         let first = &s.sites[0];
-        // 50 blocks of 65611 bytes, each sampled with probability 1 - exp(-65611 / 524288).
-        let p = 1.0 - (-(3280563.0 / 50.0) / 524288.0f64).exp();
-        assert_eq!(first.bytes, (3280563.0 / p) as u64);
-        assert_eq!(first.blocks, (50.0 / p) as u64);
+        // 50 and 2 blocks of about 64 KiB from one function by two calls (the same
+        // callers): one site, with the larger record's frames; each block sampled
+        // with probability 1 - exp(-size / 524288).
+        let p = |count: f64, bytes: f64| 1.0 - (-(bytes / count) / 524288.0f64).exp();
+        let (p1, p2) = (p(50.0, 3280563.0), p(2.0, 131222.0));
+        assert_eq!(first.bytes, (3280563.0 / p1) as u64 + (131222.0 / p2) as u64);
+        assert_eq!(first.blocks, (50.0 / p1) as u64 + (2.0 / p2) as u64);
         assert_eq!(first.depth, 3);
         assert_eq!(s.object(first.frames[0].object), Some("/tmp/two"));
         assert_eq!(first.frames[0].rel, 0x55bc7c53b18e - 1 - 0x55bc7c53a000);
@@ -784,6 +841,9 @@ mod tests {
         let mut comments = String::new();
         write_site_comments(&mut comments, &s, "live now").unwrap();
         assert!(comments.starts_with("# memquota sites live now;"), "{comments}");
-        assert!(comments.contains("% /tmp/two+0x118d /tmp/two+0x1074 /usr/lib/libc.so.6+0x27249\n"), "{comments}");
+        assert!(
+            comments.contains("% /tmp/two+0x118d /tmp/two+0x1074 /usr/lib/libc.so.6+0x27249\n"),
+            "{comments}"
+        );
     }
 }

@@ -333,17 +333,21 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
 fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     writeln!(w, "memquota: allocation refused: {} requested", Size(r.requested))?;
     write_figures(w, r)?;
-    // After the figures, so that a long list of sites cannot crowd them out of the
-    // fixed buffer.
-    if let Some(sites) = Sites::read() {
-        *lock(&LAST_SITES) = sites;
-        profile::write_sites(w, &sites, "top sites")?;
-    }
     match r.policy {
-        OnOom::Null => {
-            writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)")
+        OnOom::Null => writeln!(
+            w,
+            "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)"
+        )?,
+        OnOom::Abort => writeln!(w, "  policy           abort")?,
+    }
+    // Last, so that a long list of sites cannot crowd the figures out of the fixed
+    // buffer.
+    match Sites::read() {
+        Some(sites) => {
+            *lock(&LAST_SITES) = sites;
+            profile::write_sites(w, &sites, "top sites")
         }
-        OnOom::Abort => writeln!(w, "  policy           abort"),
+        None => Ok(()),
     }
 }
 
