@@ -126,12 +126,17 @@ pub(crate) fn configure(sample: u64) {
     }
     ctl_write(b"prof.active\0", true);
     RATE.store(1 << lg, Relaxed);
-    // On a thread of its own, an ordinary one: the caller may be a service thread,
+    // In a library of its own (the preload, a JNI library) every allocator frame is
+    // in that object. In the program itself, the allocator's functions are learned,
+    // on a thread of its own, an ordinary one: the caller may be a service thread,
     // whose allocations all take the face's slow path, and a face's fast path has
-    // frames of its own to learn.
-    let learner = std::thread::Builder::new().name("memquota-sites".into()).spawn(calibrate);
-    if let Ok(learner) = learner {
-        let _ = learner.join();
+    // frames of its own to learn. (Never in a library: its `init` may run under the
+    // loader's lock, which a new thread's start takes.)
+    if OWN_HI.load(Acquire) == 0 {
+        let learner = std::thread::Builder::new().name("memquota-sites".into()).spawn(calibrate);
+        if let Ok(learner) = learner {
+            let _ = learner.join();
+        }
     }
     ON.store(true, Release);
 }

@@ -29,12 +29,12 @@ fn configure(config: &Config) -> Result<()> {
     crate::process::fork::install();
     // Here rather than only on the service thread, so that a caller of `init` (the
     // preload's constructor) finds jemalloc's decay settled when it returns.
+    // Before the sampler thread starts (it does this for a program that never calls
+    // `init`), so that the profile is set up when `init` returns.
+    crate::policy::profile::configure(config.profile_sample_setting());
     if crate::policy::sampler::ensure_sampling() {
         crate::policy::purge::take_over_decay();
     }
-    // Here too (the sampler thread does it for a program that never calls `init`),
-    // so that the profile is set up when `init` returns.
-    crate::policy::profile::configure(config.profile_sample_setting());
     crate::process::rendezvous::check();
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {
