@@ -1231,3 +1231,33 @@ fn the_report_names_the_sites_that_hold_the_memory() {
         "freed memory is not live:\n{report}"
     );
 }
+
+/// The exit summary (`MEMQUOTA_REPORT=exit`) names the sites of the last refusal, and
+/// the stats file carries them for `memquota run` (`# memquota site` lines).
+#[test]
+fn the_exit_summary_and_the_stats_file_name_the_sites_of_the_last_refusal() {
+    let dir = std::env::temp_dir().join(format!("memquota-sites-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stats = dir.join("stats.prom");
+    let env = [
+        ("MEMQUOTA_LIMIT", "64m"),
+        ("MEMQUOTA_PROFILE_SAMPLE", "16k"),
+        ("MEMQUOTA_REPORT", "exit"),
+        ("MEMQUOTA_STATS_FILE", stats.to_str().unwrap()),
+    ];
+    let out = preloaded(&built().sites, &[], &env);
+    assert_ok(&out, "sites");
+    let stderr = text(&out.stderr);
+    let summary = &stderr[stderr.find("memquota summary").expect("a summary")..];
+    assert!(summary.contains("top sites (at the last refusal)"), "{summary}");
+    let sites = report_sites(summary);
+    assert!(sites.first().is_some_and(|s| s.1.iter().any(|n| n == "big_site")), "{summary}");
+    let file = std::fs::read_to_string(&stats).unwrap();
+    assert!(file.contains("# memquota sites at the last refusal;"), "{file}");
+    let first = file.lines().find(|l| l.starts_with("# memquota site ")).expect("a site line");
+    let frame = first.split_whitespace().nth(5).expect("a frame");
+    let (object, addr) = frame.rsplit_once('+').unwrap();
+    let named = Command::new("addr2line").args(["-f", "-e", object, addr]).output().unwrap();
+    assert_eq!(text(&named.stdout).lines().next(), Some("big_site"), "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
