@@ -21,8 +21,8 @@ mod hook;
 pub use dump::{write_site_comments, write_sites, Sites};
 
 use crate::base::sync::{
-    AtomicBool, AtomicU64,
-    Ordering::{AcqRel, Acquire, Relaxed, Release},
+    AtomicBool, AtomicU64, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
 };
 
 /// jemalloc's options compiled into the program (`malloc_conf`, with the prefix of
@@ -45,7 +45,11 @@ unsafe impl Sync for Options {}
 
 /// The profile is on (jemalloc's `opt.prof`, active).
 static ON: AtomicBool = AtomicBool::new(false);
-static CONFIGURED: AtomicBool = AtomicBool::new(false);
+/// [`configure`]'s progress: not begun, under way, done.
+static CONFIGURED: AtomicU8 = AtomicU8::new(NOT_BEGUN);
+const NOT_BEGUN: u8 = 0;
+const UNDER_WAY: u8 = 1;
+const DONE: u8 = 2;
 /// The mean sampling interval in force, in bytes.
 static RATE: AtomicU64 = AtomicU64::new(0);
 
@@ -70,9 +74,20 @@ fn ctl_write<T>(name: &[u8], value: T) -> bool {
 /// (bytes; 0 turns sampling off). Does nothing when jemalloc does not profile
 /// (`opt.prof` false).
 pub(crate) fn configure(sample: u64) {
-    if CONFIGURED.swap(true, AcqRel) {
+    if CONFIGURED.compare_exchange(NOT_BEGUN, UNDER_WAY, Acquire, Relaxed).is_err() {
+        // Under way on the sampler thread (a first allocation came before `init`):
+        // `init` returns once it is done, so that what the program measures after
+        // it is not moved by the allocations that learn the allocator's frames.
+        while CONFIGURED.load(Acquire) == UNDER_WAY {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         return;
     }
+    set_up(sample);
+    CONFIGURED.store(DONE, Release);
+}
+
+fn set_up(sample: u64) {
     if ctl_read::<bool>(b"opt.prof\0") != Some(true) {
         return;
     }
