@@ -76,7 +76,8 @@ pub mod process {
 /// parts, and the names of the metrics.
 pub mod text {
     pub use crate::base::text::{write_fd, write_stderr, Size, SliceWriter};
-    pub use crate::policy::report::{flush_quiet, write_container, write_untracked_note};
+    pub use crate::policy::profile::{write_site_comments, write_sites, Sites};
+    pub use crate::policy::report::{flush_quiet, summary_sites, write_container, write_untracked_note};
     pub use crate::process::export::{metric, StatsWriter};
 }
 

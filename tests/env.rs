@@ -62,6 +62,7 @@ fn bad_values_exit_2() {
         ("MEMQUOTA_HEAP", "max"),
         ("MEMQUOTA_RECLAIM_WAIT", "forever"),
         ("MEMQUOTA_PURGE_INTERVAL", "10ms"),
+        ("MEMQUOTA_PROFILE_SAMPLE", "often"),
     ] {
         let out = spawn("stats", &[(var, value)]);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -77,7 +77,9 @@ fn heap_probe_counts_against_the_limit() {
     memquota::set_heap_bytes(HeapBytes::new(48 * MIB as u64, 8 * MIB as u64));
     let s = memquota::stats();
     assert_eq!(s.heap.committed, 48 * MIB as u64);
-    assert!(s.headroom < 16 * MIB as u64);
+    // At most: nothing native may be counted yet (the sampler thread's first allocations
+    // race this check).
+    assert!(s.headroom <= 16 * MIB as u64, "{s:?}");
     assert!(try_alloc(20 * MIB).is_none(), "48 MiB committed heap + 20 MiB native > 64 MiB");
 
     memquota::init(Config::new().limit(64 * MIB as u64).soft_ratio(1.0).heap(HeapMode::Used)).unwrap();

@@ -38,12 +38,14 @@ pub mod vars {
     pub const REPORT: &str = "MEMQUOTA_REPORT";
     /// The pid the preload's summary speaks for (set by the preload).
     pub const REPORT_PID: &str = "MEMQUOTA_REPORT_PID";
+    /// The mean bytes between two samples of the allocation-site profile (0: off).
+    pub const PROFILE_SAMPLE: &str = "MEMQUOTA_PROFILE_SAMPLE";
 }
 
 use vars::*;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 11] = [
+pub const ENV_VARS: [(&str, &str); 12] = [
     (LIMIT, LIMIT_FORMS),
     (SOFT_RATIO, SOFT_FORMS),
     (ON_OOM, ON_OOM_FORMS),
@@ -55,7 +57,12 @@ pub const ENV_VARS: [(&str, &str); 11] = [
     (REPORT_WINDOW, DURATION_FORMS),
     (UNTRACKED, UNTRACKED_FORMS),
     (PURGE_INTERVAL, PURGE_INTERVAL_FORMS),
+    (PROFILE_SAMPLE, PROFILE_SAMPLE_FORMS),
 ];
+
+/// The allocation-site profile's default mean bytes between two samples, Go's and
+/// the field's (docs/design.md, "Allocation sites").
+pub const DEFAULT_PROFILE_SAMPLE: u64 = 512 << 10;
 
 /// The shortest stats interval (`MEMQUOTA_STATS_INTERVAL`, `memquota run
 /// --interval`): a floor that keeps a sampler from spinning.
@@ -70,6 +77,8 @@ const SIZE_FORMS: &str = "a size in bytes (65536) or with a binary unit (64k, 1m
 const METRICS_FORMS: &str = "an address to serve /metrics on, like 127.0.0.1:9464";
 const UNTRACKED_FORMS: &str = "count or report";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
+const PROFILE_SAMPLE_FORMS: &str =
+    "a size in bytes (524288) or with a binary unit (512k, 1m), rounded to a power of two; 0 turns the profile off";
 const PURGE_INTERVAL_FORMS: &str =
     "a duration of at least 100ms (10s, 500ms, or a bare number of milliseconds), or off";
 
@@ -140,6 +149,7 @@ pub struct Config {
     report_window: Duration,
     untracked: Untracked,
     purge_interval: Option<Duration>,
+    profile_sample: u64,
 }
 
 impl Default for Config {
@@ -152,7 +162,8 @@ impl Config {
     /// Defaults: the machine's limit, soft threshold at 0.85, `null` on OOM, committed
     /// heap counted, waits for a reclaim in flight bounded at 5 s, at most one reclaim
     /// per 10 ms, every request refusable (`refuse_min` 0), one full OOM report per
-    /// 1 s window, dirty pages purged after at most 10 s far from the limit.
+    /// 1 s window, dirty pages purged after at most 10 s far from the limit, the
+    /// allocation-site profile sampled once per 512 KiB allocated.
     pub const fn new() -> Config {
         Config {
             limit: None,
@@ -166,6 +177,7 @@ impl Config {
             report_window: Duration::from_secs(1),
             untracked: Untracked::Report,
             purge_interval: Some(Duration::from_secs(10)),
+            profile_sample: DEFAULT_PROFILE_SAMPLE,
         }
     }
 
@@ -236,6 +248,9 @@ impl Config {
         }
         if let Some(i) = read(&get, PURGE_INTERVAL, PURGE_INTERVAL_FORMS, parse_purge_interval)? {
             c.purge_interval = i;
+        }
+        if let Some(n) = read(&get, PROFILE_SAMPLE, PROFILE_SAMPLE_FORMS, parse_size)? {
+            c.profile_sample = n;
         }
         c.metrics_addr = read(&get, METRICS_ADDR, METRICS_FORMS, |s| {
             s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
@@ -380,6 +395,20 @@ impl Config {
     /// The purge interval (`None`: off).
     pub fn purge_interval_setting(&self) -> Option<Duration> {
         self.purge_interval
+    }
+
+    /// The mean bytes allocated between two samples of the allocation-site profile,
+    /// rounded to a power of two (jemalloc's `lg_prof_sample`); 0 turns the profile
+    /// off. Applied once, when the sampler thread starts (docs/design.md,
+    /// "Allocation sites").
+    pub fn profile_sample(mut self, bytes: u64) -> Config {
+        self.profile_sample = bytes;
+        self
+    }
+
+    /// The profile's mean bytes between two samples (0: off).
+    pub fn profile_sample_setting(&self) -> u64 {
+        self.profile_sample
     }
 
     /// The OOM report window.

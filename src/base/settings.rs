@@ -47,6 +47,8 @@ struct Settings {
     soft_ratio: AtomicU64,
     /// A cap on the soft threshold: the cgroup's `memory.high` (`i64::MAX`: none).
     soft_cap: AtomicI64,
+    /// The allocation-site profile's mean bytes between samples (0: off).
+    profile_sample: AtomicU64,
 }
 
 /// `Config::new`'s soft ratio, 0.85, as `f64` bits (`f64::to_bits` is not `const`
@@ -72,6 +74,7 @@ static SETTINGS: Settings = Settings {
     percent: AtomicU64::new(0),
     soft_ratio: AtomicU64::new(DEFAULT_SOFT_RATIO_BITS),
     soft_cap: AtomicI64::new(i64::MAX),
+    profile_sample: AtomicU64::new(crate::base::config::DEFAULT_PROFILE_SAMPLE),
 };
 
 fn ms(d: Duration) -> u64 {
@@ -156,6 +159,17 @@ fn apply(config: &Config, limit: u64) {
     SETTINGS.report_window_ms.store(ms(config.report_window_setting()), Relaxed);
     SETTINGS.count_untracked.store(config.untracked_setting() == Untracked::Count, Relaxed);
     SETTINGS.purge_interval_ms.store(config.purge_interval_setting().map_or(0, |i| ms(i).max(1)), Relaxed);
+    SETTINGS.profile_sample.store(config.profile_sample_setting(), Relaxed);
+}
+
+/// The allocation-site profile's mean bytes between samples (0: off).
+pub(crate) fn profile_sample() -> u64 {
+    SETTINGS.profile_sample.load(Relaxed)
+}
+
+/// Whether the settings are in place (configured from `init` or the environment).
+pub(crate) fn configured() -> bool {
+    SETTINGS.state.load(Acquire) == READY
 }
 
 /// Whether untracked memory counts against the limit.

@@ -13,6 +13,8 @@ pub(crate) mod coordinator;
 #[cfg(not(loom))]
 pub(crate) mod heap_probe;
 #[cfg(not(loom))]
+pub(crate) mod profile;
+#[cfg(not(loom))]
 pub(crate) mod purge;
 #[cfg(not(loom))]
 pub(crate) mod reclaim;

@@ -19,6 +19,7 @@ use crate::base::sync::{
 };
 use crate::base::text::{write_stderr, FixedBuf, Size};
 use crate::policy::coordinator::{ReclaimKind, ReclaimRecord, Throttle, HISTORY};
+use crate::policy::profile::{self, Sites};
 use std::fmt::{self, Write};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,8 @@ pub type ReportHook = fn(&str);
 
 static HOOK: Mutex<ReportHook> = Mutex::new(write_stderr);
 static LAST: Mutex<FixedBuf> = Mutex::new(FixedBuf::new());
+/// The top sites of the last full report (none before one).
+static LAST_SITES: Mutex<Sites> = Mutex::new(Sites::new());
 
 /// Full reports a window may hold: the first, and those that material changes bring.
 pub(crate) const PER_WINDOW: u32 = 2;
@@ -204,6 +207,21 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     Some(Turn { quiet: std::mem::take(&mut f.quiet) })
 }
 
+/// The top sites the last full report named, if a report has named any.
+pub fn last_report_sites() -> Option<Sites> {
+    let sites = *lock(&LAST_SITES);
+    (sites.len > 0).then_some(sites)
+}
+
+/// The sites a program's summary names, and when they were read: those of the last
+/// full report (what held the memory when the budget refused), else those live now.
+pub fn summary_sites() -> Option<(Sites, &'static str)> {
+    match last_report_sites() {
+        Some(sites) => Some((sites, "at the last refusal")),
+        None => Sites::read().map(|sites| (sites, "live now")),
+    }
+}
+
 /// Hands the summary of refusals held back so far to the hook, if there are any: for
 /// a program's exit.
 pub fn flush_quiet() {
@@ -235,6 +253,7 @@ pub fn set_report_hook(hook: ReportHook) -> ReportHook {
 static FLOOD_HELD: ForkHeld<MutexGuard<'static, Flood>> = ForkHeld::new();
 static LAST_HELD: ForkHeld<MutexGuard<'static, FixedBuf>> = ForkHeld::new();
 static HOOK_HELD: ForkHeld<MutexGuard<'static, ReportHook>> = ForkHeld::new();
+static SITES_HELD: ForkHeld<MutexGuard<'static, Sites>> = ForkHeld::new();
 
 /// The report's part of a fork's prepare handler: takes its locks.
 pub(crate) fn before_fork() {
@@ -243,6 +262,7 @@ pub(crate) fn before_fork() {
         FLOOD_HELD.keep(lock(&FLOOD));
         LAST_HELD.keep(lock(&LAST));
         HOOK_HELD.keep(lock(&HOOK));
+        SITES_HELD.keep(lock(&LAST_SITES));
     }
 }
 
@@ -259,6 +279,7 @@ pub(crate) unsafe fn after_fork(child: bool) {
     }
     // SAFETY: forwarded contract, in the reverse order of `before_fork`.
     unsafe {
+        SITES_HELD.release();
         HOOK_HELD.release();
         LAST_HELD.release();
         FLOOD_HELD.release();
@@ -313,10 +334,20 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     writeln!(w, "memquota: allocation refused: {} requested", Size(r.requested))?;
     write_figures(w, r)?;
     match r.policy {
-        OnOom::Null => {
-            writeln!(w, "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)")
+        OnOom::Null => writeln!(
+            w,
+            "  policy           null: the allocation returns null (MEMQUOTA_ON_OOM=abort aborts)"
+        )?,
+        OnOom::Abort => writeln!(w, "  policy           abort")?,
+    }
+    // Last, so that a long list of sites cannot crowd the figures out of the fixed
+    // buffer.
+    match Sites::read() {
+        Some(sites) => {
+            *lock(&LAST_SITES) = sites;
+            profile::write_sites(w, &sites, "top sites")
         }
-        OnOom::Abort => writeln!(w, "  policy           abort"),
+        None => Ok(()),
     }
 }
 

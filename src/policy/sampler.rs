@@ -50,6 +50,13 @@ pub(crate) fn ensure_sampling() -> bool {
     }
     // Its own few allocations are charged, never refused, never made to wait.
     let spawned = threads::spawn_service("memquota-sampler", || {
+        // The thread that started this one configures the process right after (a
+        // first slow path, or `init`): the profile's rate is part of that.
+        while !crate::base::settings::configured() {
+            crate::base::settings::ensure_configured();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        super::profile::configure(crate::base::settings::profile_sample());
         let mut purger = purge::Service::start();
         let mut watch = None;
         loop {

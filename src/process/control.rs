@@ -31,7 +31,10 @@ fn configure(config: &Config) -> Result<()> {
     // preload's constructor) finds jemalloc's decay settled when it returns; and
     // before that thread starts, so that this one never waits for it: a constructor
     // run by `dlopen` holds the loader's lock, which the service thread's first
-    // jemalloc call can need (jemalloc looks `pthread_create` up with `dlsym`).
+    // jemalloc call can need (jemalloc looks `pthread_create` up with `dlsym`). The
+    // profile too is set up before the sampler thread starts (it does this for a
+    // program that never calls `init`), so that it is set up when `init` returns.
+    crate::policy::profile::configure(config.profile_sample_setting());
     let first = !crate::policy::sampler::started();
     if first {
         crate::policy::purge::take_over_decay();

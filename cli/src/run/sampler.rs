@@ -20,6 +20,8 @@ pub(super) struct Sampler {
     last_key: Option<(u64, i64, i64, u64)>,
     pub(super) points: Vec<Point>,
     pub(super) last: Option<Snapshot>,
+    /// The last file's text: its comment lines carry the top sites at exit.
+    pub(super) last_text: String,
     peak_native: u64,
     peak_heap: u64,
     peak_untracked: u64,
@@ -34,6 +36,7 @@ impl Sampler {
             last_key: None,
             points: Vec::new(),
             last: None,
+            last_text: String::new(),
             peak_native: 0,
             peak_heap: 0,
             peak_untracked: 0,
@@ -54,6 +57,7 @@ impl Sampler {
         }
         self.last_key = Some(key);
         let Ok(s) = Snapshot::parse(&text) else { return };
+        self.last_text = text.clone();
         // When it was written, by its mtime, if that is sane; else now.
         let now = self.started.elapsed().as_secs_f64();
         let written = meta

@@ -23,6 +23,7 @@ pub(super) fn summary(
     let mut summary =
         format!("memquota: {shown} {} after {:.1} s\n", describe(status), elapsed.as_secs_f64());
     summary.push_str(&sampler.summary());
+    summary.push_str(&sites(&sampler.last_text, &mut addr2line));
     if args.stats_file.is_some() {
         summary.push_str(&format!("  {:<16} {}\n", "stats file", stats_path.display()));
     }
@@ -39,6 +40,50 @@ pub(super) fn summary(
         }
     }
     summary
+}
+
+/// The top sites the program's stats file named at exit (`# memquota site` lines),
+/// each frame named by `name` (`OBJECT`, `ADDR` to `function (file:line)`), or an
+/// empty string if it named none.
+fn sites(text: &str, name: &mut impl FnMut(&str, &str) -> Option<String>) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        if let Some(head) = line.strip_prefix("# memquota sites ") {
+            let when = head.split(';').next().unwrap_or(head);
+            out.push_str(&format!("  {:<16} {when}, estimated from samples\n", "top sites"));
+        } else if let Some(site) = line.strip_prefix("# memquota site ") {
+            let mut words = site.split_whitespace();
+            let bytes: u64 = words.next().and_then(|b| b.parse().ok()).unwrap_or(0);
+            let share = words.next().unwrap_or("");
+            let frames: Vec<String> = words
+                .map(|frame| match frame.rsplit_once('+') {
+                    Some((object, addr)) => name(object, addr).unwrap_or_else(|| frame.to_string()),
+                    None => frame.to_string(),
+                })
+                .collect();
+            out.push_str(&format!("    {:>10} {share:>6}  {}\n", bytes_text(bytes), frames.join(" <- ")));
+        }
+    }
+    out
+}
+
+fn bytes_text(b: u64) -> String {
+    crate::units::bytes(b)
+}
+
+/// `function (file:line)` of the call at `addr` in `object`, by binutils' `addr2line`
+/// (the function the address's code lies in, after inlining); None if it cannot say.
+fn addr2line(object: &str, addr: &str) -> Option<String> {
+    let out =
+        std::process::Command::new("addr2line").args(["-f", "-i", "-C", "-e", object, addr]).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let (function, place) = (lines.len() >= 2).then(|| (lines[lines.len() - 2], lines[lines.len() - 1]))?;
+    if function == "??" {
+        return None;
+    }
+    let place = place.rsplit('/').next().unwrap_or(place);
+    Some(format!("{function} ({place})"))
 }
 
 /// The command line for people, in backquotes.
@@ -74,5 +119,17 @@ mod tests {
         assert_eq!(command_line(&cmd), r"`java -version 'a b' 'it'\''s'`");
         assert_eq!(shorten("abcdef", 3), "abc...");
         assert_eq!(shorten("abc", 3), "abc");
+    }
+
+    #[test]
+    fn the_sites_of_the_stats_file_are_named_frame_by_frame() {
+        let text = "memquota_native_bytes 1\n# memquota sites at the last refusal; total 100 bytes, 1 sample per 524288 bytes\n\
+                    # memquota site 75 75.0% /bin/x+0x10 /lib/y+0x20\n# memquota site 25 25.0% 0x7f00\n";
+        let mut name = |object: &str, addr: &str| (object == "/bin/x").then(|| format!("f@{addr}"));
+        let got = sites(text, &mut name);
+        assert!(got.contains("top sites        at the last refusal, estimated from samples"), "{got}");
+        assert!(got.contains("75.0%  f@0x10 <- /lib/y+0x20\n"), "{got}");
+        assert!(got.contains("25.0%  0x7f00\n"), "{got}");
+        assert_eq!(sites("memquota_native_bytes 1\n", &mut name), "");
     }
 }

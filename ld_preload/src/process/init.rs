@@ -159,8 +159,13 @@ fn write_stats_file(when: When) {
     let Some(path) = (unsafe { STATS_PATH.load(Acquire).as_ref() }) else { return };
     slow::flush_thread(&FACE);
     let stats = memquota_core::stats();
+    // At exit the top sites too, for `memquota run`'s summary to name.
+    let sites = if when == When::Exit { text::summary_sites() } else { None };
     stats_file::write(path, when, stats.process_rss_peak, |text| {
         let _ = memquota_core::write_prometheus(text, &stats);
+        if let Some((sites, at)) = &sites {
+            let _ = text::write_site_comments(text, sites, at);
+        }
     });
 }
 
@@ -208,6 +213,9 @@ fn summary(s: &Stats) -> String {
     text.push_str("  cgroup         ");
     let _ = text::write_container(&mut text, &s.container);
     let _ = text::write_untracked_note(&mut text, s.untracked_peak, s.native_peak, s);
+    if let Some((sites, at)) = text::summary_sites() {
+        let _ = text::write_sites(&mut text, &sites, &format!("top sites ({at})"));
+    }
     text
 }
 

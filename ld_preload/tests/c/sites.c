@@ -1,0 +1,38 @@
+/* Two known sites of live memory under a 64 MiB limit: big_site holds 48 MiB in
+ * 64 KiB blocks (the counted path), small_site 8 MiB in 2 KiB blocks (a lazy thread's
+ * path straight into jemalloc); churn_site allocates and frees 256 MiB first, so it
+ * holds nothing. Then 32 MiB are asked for and refused: the report on stderr names
+ * the top sites. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+__attribute__((noinline)) void *big_site(void) {
+    void *p = malloc(64 << 10);
+    if (p) memset(p, 1, 64 << 10);
+    return p;
+}
+
+__attribute__((noinline)) void *small_site(void) {
+    void *p = malloc(2 << 10);
+    if (p) memset(p, 2, 2 << 10);
+    return p;
+}
+
+__attribute__((noinline)) void churn_site(void) {
+    void *p = malloc(64 << 10);
+    if (p) memset(p, 3, 64);
+    free(p);
+}
+
+int main(void) {
+    static void *held[768 + 4096];
+    for (int i = 0; i < 4096; i++) churn_site();
+    for (int i = 0; i < 768; i++) held[i] = big_site();
+    for (int i = 0; i < 4096; i++) held[768 + i] = small_site();
+    void *p = malloc(32 << 20);
+    printf("32 MiB %s\n", p ? "granted" : "refused");
+    for (int i = 0; i < 768 + 4096; i++) free(held[i]);
+    free(p);
+    return 0;
+}

@@ -1,0 +1,499 @@
+//! The top sites of live memory, read from jemalloc's heap_v2 dump with no heap, and
+//! written for the report, the exit summary and the stats file.
+
+use crate::base::text::Size;
+use libc::c_int;
+use std::fmt::{self, Write};
+
+/// Sites a report names.
+pub const TOP: usize = 5;
+/// Frames kept per site, innermost first.
+pub const FRAMES: usize = 4;
+/// Objects (executables, libraries) the sites' frames may lie in.
+const OBJECTS: usize = 8;
+/// The longest object path kept.
+const PATH: usize = 192;
+
+/// A frame of a site: its return address, and where it lies.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Frame {
+    /// The return address.
+    pub addr: u64,
+    /// The object's index in [`Sites`] (`u8::MAX`: not in a file).
+    pub object: u8,
+    /// The address in the object's own terms (what `addr2line -e OBJECT` takes) of
+    /// the call: the return address minus one, less the object's load address.
+    pub rel: u64,
+}
+
+/// One site: a stack and what is live from it.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Site {
+    /// Estimated live bytes.
+    pub bytes: u64,
+    /// Estimated live blocks.
+    pub blocks: u64,
+    /// The innermost frames outside the allocator.
+    pub frames: [Frame; FRAMES],
+    /// How many of `frames` are set.
+    pub depth: usize,
+}
+
+/// The top sites of live memory, read from the profile in fixed storage.
+#[derive(Clone, Copy, Debug)]
+pub struct Sites {
+    /// The mean bytes between samples the profile was taken at.
+    pub rate: u64,
+    /// Estimated live bytes in all sampled stacks.
+    pub total: u64,
+    /// The top sites, largest first.
+    pub sites: [Site; TOP],
+    /// How many of `sites` are set.
+    pub len: usize,
+    paths: [[u8; PATH]; OBJECTS],
+    path_len: [u8; OBJECTS],
+    objects: usize,
+}
+
+impl Default for Sites {
+    fn default() -> Self {
+        Sites::new()
+    }
+}
+
+impl Sites {
+    /// None.
+    pub const fn new() -> Sites {
+        const SITE: Site = Site {
+            bytes: 0,
+            blocks: 0,
+            frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES],
+            depth: 0,
+        };
+        Sites {
+            rate: 0,
+            total: 0,
+            sites: [SITE; TOP],
+            len: 0,
+            paths: [[0; PATH]; OBJECTS],
+            path_len: [0; OBJECTS],
+            objects: 0,
+        }
+    }
+
+    /// The path of object `i` of a frame.
+    pub fn object(&self, i: u8) -> Option<&str> {
+        let i = usize::from(i);
+        (i < self.objects)
+            .then(|| std::str::from_utf8(&self.paths[i][..usize::from(self.path_len[i])]).unwrap_or("?"))
+    }
+
+    fn intern(&mut self, path: &[u8]) -> u8 {
+        let path = &path[..path.len().min(PATH)];
+        for i in 0..self.objects {
+            if &self.paths[i][..usize::from(self.path_len[i])] == path {
+                return i as u8;
+            }
+        }
+        if self.objects == OBJECTS {
+            return u8::MAX;
+        }
+        let i = self.objects;
+        self.paths[i][..path.len()].copy_from_slice(path);
+        self.path_len[i] = path.len() as u8;
+        self.objects += 1;
+        i as u8
+    }
+
+    fn insert(&mut self, site: Site) {
+        let at = self.sites[..self.len].iter().position(|s| s.bytes < site.bytes).unwrap_or(self.len);
+        if at >= TOP {
+            return;
+        }
+        let end = self.len.min(TOP - 1);
+        self.sites.copy_within(at..end, at + 1);
+        self.sites[at] = site;
+        self.len = (self.len + 1).min(TOP);
+    }
+
+    /// The live profile now, or None when it is off or cannot be read. Allocates
+    /// nothing through the counted paths: the dump goes to a memfd, read back in a
+    /// fixed buffer on the stack.
+    pub fn read() -> Option<Sites> {
+        if !super::enabled() {
+            return None;
+        }
+        // SAFETY: a NUL-terminated name; flags as memfd_create takes them.
+        let fd = unsafe { libc::memfd_create(c"memquota-profile".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return None;
+        }
+        let mut path = [0u8; 40];
+        let mut w = crate::base::text::SliceWriter::new(&mut path[..39]);
+        let _ = write!(w, "/proc/self/fd/{fd}");
+        let name = path.as_ptr().cast::<libc::c_char>();
+        // SAFETY: `prof.dump` takes a `const char *`, here a NUL-terminated path (the
+        // buffer's last byte stays 0) that outlives the call.
+        let dumped = unsafe { tikv_jemalloc_ctl::raw::write(b"prof.dump\0", name) }.is_ok();
+        let sites =
+            if dumped { parse_fd(fd, super::RATE.load(crate::base::sync::Ordering::Relaxed)) } else { None };
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+        sites
+    }
+}
+
+/// Reads a heap_v2 dump from `fd` (from its start) line by line.
+fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
+    let mut parser = Parser {
+        sites: Sites::new(),
+        pooled: [Site::default(); POOL],
+        pool_len: 0,
+        rate,
+        stack: [0; FRAMES],
+        depth: 0,
+        in_stack: false,
+        maps: false,
+        skip_rest: false,
+        base_path: [0; PATH],
+        base_len: 0,
+        base: 0,
+    };
+    parser.sites.rate = rate;
+    let mut buf = [0u8; 8192];
+    let mut have = 0usize;
+    let mut offset: i64 = 0;
+    loop {
+        // SAFETY: reads into the free part of `buf`.
+        let n = unsafe { libc::pread(fd, buf[have..].as_mut_ptr().cast(), buf.len() - have, offset) };
+        if n < 0 {
+            return None;
+        }
+        let n = n as usize;
+        offset += n as i64;
+        have += n;
+        let mut start = 0;
+        while let Some(end) = buf[start..have].iter().position(|&b| b == b'\n') {
+            parser.line(&buf[start..start + end]);
+            start += end + 1;
+        }
+        if n == 0 {
+            if start < have {
+                parser.line(&buf[start..have]);
+            }
+            parser.rank();
+            break;
+        }
+        if start == 0 && have == buf.len() {
+            // A line longer than the buffer (a stack of hundreds of frames): its head
+            // is enough, the rest is dropped.
+            parser.line(&buf[..have]);
+            parser.skip_rest = true;
+            have = 0;
+            continue;
+        }
+        buf.copy_within(start..have, 0);
+        have -= start;
+    }
+    Some(parser.sites)
+}
+
+/// Sites a dump's records are gathered into before the top ones are kept.
+const POOL: usize = 32;
+
+struct Parser {
+    sites: Sites,
+    pooled: [Site; POOL],
+    pool_len: usize,
+    rate: u64,
+    /// The stack of the record being read.
+    stack: [u64; FRAMES],
+    depth: usize,
+    in_stack: bool,
+    maps: bool,
+    skip_rest: bool,
+    /// The last object seen at file offset 0: its path and load address.
+    base_path: [u8; PATH],
+    base_len: usize,
+    base: u64,
+}
+
+fn hex(s: &[u8]) -> Option<u64> {
+    let s = s.strip_prefix(b"0x").unwrap_or(s);
+    if s.is_empty() || s.len() > 16 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in s {
+        v = (v << 4) | u64::from((c as char).to_digit(16)? as u8);
+    }
+    Some(v)
+}
+
+fn dec(s: &[u8]) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in s {
+        v = v.checked_mul(10)?.checked_add(u64::from((c as char).to_digit(10)? as u8))?;
+    }
+    Some(v)
+}
+
+/// pprof's and jeprof's scaling of a sampled count: each block of `avg` bytes was
+/// sampled with probability `1 - exp(-avg / rate)`.
+fn unsample(count: u64, bytes: u64, rate: u64) -> (u64, u64) {
+    if count == 0 || rate == 0 {
+        return (count, bytes);
+    }
+    let avg = bytes as f64 / count as f64;
+    let p = 1.0 - (-avg / rate as f64).exp();
+    if p <= 0.0 {
+        return (count, bytes);
+    }
+    ((count as f64 / p) as u64, (bytes as f64 / p) as u64)
+}
+
+impl Parser {
+    fn line(&mut self, line: &[u8]) {
+        if self.skip_rest {
+            self.skip_rest = false;
+            return;
+        }
+        if self.maps {
+            self.map_line(line);
+        } else if let Some(rest) = line.strip_prefix(b"heap_v2/") {
+            if let Some(r) = dec(rest) {
+                self.rate = r;
+                self.sites.rate = r;
+            }
+        } else if let Some(rest) = line.strip_prefix(b"@ ") {
+            self.depth = 0;
+            for word in rest.split(|&b| b == b' ') {
+                if self.depth == FRAMES {
+                    break;
+                }
+                if let Some(a) = hex(word) {
+                    self.stack[self.depth] = a;
+                    self.depth += 1;
+                }
+            }
+            self.in_stack = true;
+        } else if let Some(rest) = line.strip_prefix(b"  t*: ") {
+            // "count: bytes [accumulated]"
+            let mut parts = rest.split(|&b| b == b':' || b == b' ' || b == b'[').filter(|p| !p.is_empty());
+            let (Some(count), Some(bytes)) = (parts.next().and_then(dec), parts.next().and_then(dec)) else {
+                return;
+            };
+            let (blocks, bytes) = unsample(count, bytes, self.rate);
+            if self.in_stack {
+                self.sites.total = self.sites.total.saturating_add(bytes);
+                let mut site = Site { bytes, blocks, depth: self.depth, ..Site::default() };
+                for (f, &a) in site.frames.iter_mut().zip(&self.stack[..self.depth]) {
+                    *f = Frame { addr: a, object: u8::MAX, rel: 0 };
+                }
+                self.pool(site);
+                self.in_stack = false;
+            }
+            // The header's own total is left: the records' are each scaled by their
+            // own mean size.
+        } else if line == b"MAPPED_LIBRARIES:" {
+            self.rank();
+            self.maps = true;
+        }
+    }
+
+    /// Adds a record to the pool of sites: two stacks whose frames after the first
+    /// are the same are one site (the same callers, down to the function that called
+    /// the allocator: a function may reach it by two calls, a face's fast and slow
+    /// paths, and then two return addresses differ in the first frame only). When the
+    /// pool is full, a record larger than its smallest site replaces it.
+    fn pool(&mut self, site: Site) {
+        let same = |a: &Site| {
+            a.depth == site.depth
+                && a.frames[usize::from(a.depth > 1)..a.depth]
+                    .iter()
+                    .zip(&site.frames[usize::from(site.depth > 1)..site.depth])
+                    .all(|(x, y)| x.addr == y.addr)
+        };
+        if let Some(p) = self.pooled[..self.pool_len].iter_mut().find(|p| same(p)) {
+            if site.bytes > p.bytes {
+                p.frames = site.frames;
+            }
+            p.bytes = p.bytes.saturating_add(site.bytes);
+            p.blocks = p.blocks.saturating_add(site.blocks);
+        } else if self.pool_len < POOL {
+            self.pooled[self.pool_len] = site;
+            self.pool_len += 1;
+        } else if let Some(smallest) = self.pooled.iter_mut().min_by_key(|p| p.bytes) {
+            if smallest.bytes < site.bytes {
+                *smallest = site;
+            }
+        }
+    }
+
+    /// The pool's top sites, once every record is in.
+    fn rank(&mut self) {
+        for i in 0..self.pool_len {
+            let site = self.pooled[i];
+            self.sites.insert(site);
+        }
+        self.pool_len = 0;
+    }
+
+    /// `start-end perms offset dev inode path`: the frames of the kept sites that lie
+    /// in this mapping get their object and address.
+    fn map_line(&mut self, line: &[u8]) {
+        let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return;
+        };
+        let path = fields.next().unwrap_or_default();
+        let Some(dash) = range.iter().position(|&b| b == b'-') else { return };
+        let (Some(start), Some(end), Some(off)) = (hex(&range[..dash]), hex(&range[dash + 1..]), hex(off))
+        else {
+            return;
+        };
+        if path.is_empty() || path[0] != b'/' {
+            return;
+        }
+        if off == 0 {
+            let n = path.len().min(PATH);
+            self.base_path[..n].copy_from_slice(&path[..n]);
+            self.base_len = n;
+            self.base = start;
+        }
+        let load = if self.base_path[..self.base_len] == path[..path.len().min(PATH)] {
+            self.base
+        } else {
+            start.wrapping_sub(off)
+        };
+        for i in 0..self.sites.len {
+            for j in 0..self.sites.sites[i].depth {
+                let a = self.sites.sites[i].frames[j].addr;
+                if a >= start && a < end && self.sites.sites[i].frames[j].object == u8::MAX {
+                    let object = self.sites.intern(path);
+                    let f = &mut self.sites.sites[i].frames[j];
+                    f.object = object;
+                    f.rel = a.wrapping_sub(1).wrapping_sub(load);
+                }
+            }
+        }
+    }
+}
+
+/// The sites as the report's lines: each site's estimated bytes and share, its
+/// frames innermost first as `OBJECT+0xADDR` (a frame in the same object as the one
+/// before it as `+0xADDR`).
+pub fn write_sites(w: &mut impl Write, s: &Sites, label: &str) -> fmt::Result {
+    if s.len == 0 {
+        return writeln!(w, "  {label:<16} none sampled (1 sample per {:#} allocated)", Size(s.rate));
+    }
+    writeln!(
+        w,
+        "  {label:<16} of {:#} live, estimated from samples (1 per {:#} allocated); frames innermost first, \
+         OBJECT+ADDR for addr2line -f -e OBJECT ADDR",
+        Size(s.total),
+        Size(s.rate)
+    )?;
+    for site in &s.sites[..s.len] {
+        let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
+        write!(w, "    {} in {} blocks  {share:.1}% ", Size(site.bytes), site.blocks)?;
+        let mut last = u8::MAX;
+        for (k, f) in site.frames[..site.depth].iter().enumerate() {
+            if k > 0 {
+                w.write_str(" <-")?;
+            }
+            match s.object(f.object) {
+                Some(_) if f.object == last => write!(w, " +{:#x}", f.rel)?,
+                Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
+                None => write!(w, " {:#x}", f.addr)?,
+            }
+            last = f.object;
+        }
+        w.write_char('\n')?;
+    }
+    Ok(())
+}
+
+/// The sites as comment lines of a Prometheus text (the preload's stats file), for
+/// `memquota run` to name: `# memquota site BYTES SHARE% OBJECT+ADDR ...`, every
+/// frame with its object, after a `# memquota sites WHEN` line.
+pub fn write_site_comments(w: &mut impl Write, s: &Sites, when: &str) -> fmt::Result {
+    writeln!(w, "# memquota sites {when}; total {} bytes, 1 sample per {} bytes", s.total, s.rate)?;
+    for site in &s.sites[..s.len] {
+        let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
+        write!(w, "# memquota site {} {share:.1}%", site.bytes)?;
+        for f in &site.frames[..site.depth] {
+            match s.object(f.object) {
+                Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
+                None => write!(w, " {:#x}", f.addr)?,
+            }
+        }
+        w.write_char('\n')?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dump as jemalloc writes it: the top sites by estimated bytes, each frame
+    /// placed in its object (less the load address of the object's first mapping),
+    /// scaled as pprof does, the total of every record.
+    #[test]
+    fn a_dump_is_read_into_its_top_sites() {
+        let dump = "heap_v2/524288\n  t*: 99: 6500000 [0: 0]\n  t0: 99: 6500000 [0: 0]\n\
+            @ 0x55bc7c53b18e 0x55bc7c53b075 0x7fb552c4524a\n  t*: 50: 3280563 [0: 0]\n  t0: 50: 3280563 [0: 0]\n\
+            @ 0x55bc7c53b1be 0x7fb552c4524a\n  t*: 48: 196608 [0: 0]\n\
+            @ 0x7f0000000010\n  t*: 1: 64 [0: 0]\n\
+            @ 0x55bc7c53b100 0x55bc7c53b075 0x7fb552c4524a\n  t*: 2: 131222 [0: 0]\n\
+            \nMAPPED_LIBRARIES:\n\
+            55bc7c53a000-55bc7c53b000 r--p 00000000 fe:00 10011056                   /tmp/two\n\
+            55bc7c53b000-55bc7c53c000 r-xp 00001000 fe:00 10011056                   /tmp/two\n\
+            7fb552c1e000-7fb552c44000 r--p 00000000 fe:00 326606                     /usr/lib/libc.so.6\n\
+            7fb552c44000-7fb552d99000 r-xp 00026000 fe:00 326606                     /usr/lib/libc.so.6\n";
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: writes the bytes of `dump` to our own descriptor.
+        let n = unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) };
+        assert_eq!(n, dump.len() as isize);
+        let s = parse_fd(fd, 0).expect("parsed");
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+        assert_eq!(s.rate, 524288);
+        assert_eq!(s.len, 3);
+        let first = &s.sites[0];
+        // 50 and 2 blocks of about 64 KiB from one function by two calls (the same
+        // callers): one site, with the larger record's frames; each block sampled
+        // with probability 1 - exp(-size / 524288).
+        let p = |count: f64, bytes: f64| 1.0 - (-(bytes / count) / 524288.0f64).exp();
+        let (p1, p2) = (p(50.0, 3280563.0), p(2.0, 131222.0));
+        assert_eq!(first.bytes, (3280563.0 / p1) as u64 + (131222.0 / p2) as u64);
+        assert_eq!(first.blocks, (50.0 / p1) as u64 + (2.0 / p2) as u64);
+        assert_eq!(first.depth, 3);
+        assert_eq!(s.object(first.frames[0].object), Some("/tmp/two"));
+        assert_eq!(first.frames[0].rel, 0x55bc7c53b18e - 1 - 0x55bc7c53a000);
+        assert_eq!(s.object(first.frames[2].object), Some("/usr/lib/libc.so.6"));
+        assert_eq!(first.frames[2].rel, 0x7fb552c4524a - 1 - 0x7fb552c1e000);
+        assert!(s.sites[1].bytes < first.bytes && s.sites[2].bytes < s.sites[1].bytes);
+        assert_eq!(s.sites[2].frames[0].object, u8::MAX, "in no file");
+        assert_eq!(s.total, s.sites[..3].iter().map(|x| x.bytes).sum::<u64>());
+        let mut text = String::new();
+        write_sites(&mut text, &s, "top sites").unwrap();
+        assert!(text.contains("/tmp/two+0x118d <- +0x1074 <- /usr/lib/libc.so.6+0x27249\n"), "{text}");
+        assert!(text.contains(" 0x7f0000000010\n"), "{text}");
+        let mut comments = String::new();
+        write_site_comments(&mut comments, &s, "live now").unwrap();
+        assert!(comments.starts_with("# memquota sites live now;"), "{comments}");
+        assert!(
+            comments.contains("% /tmp/two+0x118d /tmp/two+0x1074 /usr/lib/libc.so.6+0x27249\n"),
+            "{comments}"
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! The stack hook jemalloc calls for each sampled allocation: libgcc's unwinder, the
+//! allocator's own frames left out (those in memquota's object when it is a library,
+//! else the functions learned by allocating from functions of known address).
+
+use crate::base::sync::{
+    AtomicBool, AtomicUsize,
+    Ordering::{Acquire, Relaxed, Release},
+};
+use libc::{c_int, c_uint, c_void};
+
+/// Allocator functions the stacks leave out, learned at start-up.
+const SKIP: usize = 48;
+/// The deepest stack kept: Go's heap profile keeps 32 frames too. The unwinder's cost
+/// is per frame, so a deep server stack costs no more than this.
+const DEPTH: usize = 32;
+
+/// `jemalloc.h`'s `prof_backtrace_hook_t`.
+pub(super) type BacktraceHook = unsafe extern "C" fn(*mut *mut c_void, *mut c_uint, c_uint);
+
+// libgcc's unwinder (libgcc_s, which std links): the same one jemalloc uses by default.
+type UnwindTrace = extern "C" fn(*mut c_void, *mut c_void) -> c_int;
+extern "C" {
+    fn _Unwind_Backtrace(trace: UnwindTrace, arg: *mut c_void) -> c_int;
+    fn _Unwind_GetIP(ctx: *mut c_void) -> usize;
+    fn _Unwind_GetRegionStart(ctx: *mut c_void) -> usize;
+}
+const URC_NO_REASON: c_int = 0;
+const URC_END_OF_STACK: c_int = 5;
+
+/// Entry addresses of the functions every sampled stack starts with (the hook, the
+/// profiler's, jemalloc's entry points, the face's allocator): learned by
+/// [`calibrate`], read by the hook with no lock.
+static SKIP_STARTS: [AtomicUsize; SKIP] = [const { AtomicUsize::new(0) }; SKIP];
+static SKIP_LEN: AtomicUsize = AtomicUsize::new(0);
+/// The address range of the object memquota is in, when it is a library of its own
+/// (the preload): every frame there is the allocator's. 0..0 otherwise.
+static OWN_LO: AtomicUsize = AtomicUsize::new(0);
+static OWN_HI: AtomicUsize = AtomicUsize::new(0);
+/// While [`calibrate`] runs: the entry of the function whose allocations it makes.
+static CALIBRATING: AtomicUsize = AtomicUsize::new(0);
+static LEARNED: AtomicBool = AtomicBool::new(false);
+/// Finds the object this code is in: when it is not the program itself, every frame
+/// in it is the allocator's (the preload), and the stacks leave them out.
+pub(super) fn own_object() {
+    struct Found {
+        addr: usize,
+        lo: usize,
+        hi: usize,
+        main: bool,
+    }
+    extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info for the call, and `data` is the
+        // `Found` handed to it below, borrowed by nothing else meanwhile.
+        let (info, found) = unsafe { (&*info, &mut *data.cast::<Found>()) };
+        let (mut lo, mut hi) = (usize::MAX, 0);
+        for i in 0..usize::from(info.dlpi_phnum) {
+            // SAFETY: dlpi_phdr holds dlpi_phnum headers.
+            let ph = unsafe { &*info.dlpi_phdr.add(i) };
+            if ph.p_type == libc::PT_LOAD {
+                let start = info.dlpi_addr as usize + ph.p_vaddr as usize;
+                lo = lo.min(start);
+                hi = hi.max(start + ph.p_memsz as usize);
+            }
+        }
+        if (lo..hi).contains(&found.addr) {
+            // SAFETY: dlpi_name is a NUL-terminated string (empty for the program).
+            let name = unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) };
+            found.main = name.to_bytes().is_empty();
+            found.lo = lo;
+            found.hi = hi;
+            return 1;
+        }
+        0
+    }
+    let mut found = Found { addr: own_object as *const () as usize, lo: 0, hi: 0, main: true };
+    // SAFETY: `each` matches the callback type and only reads what the loader passes.
+    unsafe { libc::dl_iterate_phdr(Some(each), (&mut found as *mut Found).cast()) };
+    if !found.main && found.hi > found.lo {
+        OWN_LO.store(found.lo, Relaxed);
+        OWN_HI.store(found.hi, Release);
+    }
+}
+
+/// Learns the allocator's frames: allocations from functions of known address are
+/// made until one of each kind has been sampled, and every function between the hook
+/// and them is the allocator's (jemalloc's entry points and profiler, the face's
+/// `GlobalAlloc` or the preload's exports). At most 16 MiB in 1 MiB blocks per kind,
+/// and 2 MiB in 4 KiB ones: a sample is all but certain at the default rate. A rate
+/// far above it, or a program whose global allocator is not memquota's (then these
+/// never reach jemalloc), learns nothing, and its stacks start inside the allocator.
+pub(super) fn calibrate() {
+    // Small blocks too: a face may reach jemalloc by another path for them (the Rust
+    // face's fast path, the preload's lazy jump).
+    let kinds: [(fn(), u32); 4] =
+        [(calibrate_alloc, 16), (calibrate_small, 512), (calibrate_zeroed, 16), (calibrate_realloc, 16)];
+    for (f, tries) in kinds {
+        LEARNED.store(false, Relaxed);
+        CALIBRATING.store(f as *const () as usize, Release);
+        for _ in 0..tries {
+            f();
+            if LEARNED.load(Acquire) {
+                break;
+            }
+        }
+    }
+    CALIBRATING.store(0, Release);
+}
+
+const CALIBRATION_SIZE: usize = 1 << 20;
+
+#[inline(never)]
+fn calibrate_alloc() {
+    let layout =
+        std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
+    // SAFETY: a non-zero size; freed with the same layout.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if !p.is_null() {
+        // SAFETY: allocated just above with this layout.
+        unsafe { std::alloc::dealloc(std::hint::black_box(p), layout) };
+    }
+}
+
+#[inline(never)]
+fn calibrate_small() {
+    let layout = std::alloc::Layout::new::<[u64; 512]>();
+    // SAFETY: a non-zero size; freed with the same layout.
+    let p = unsafe { std::alloc::alloc(layout) };
+    if !p.is_null() {
+        // SAFETY: allocated just above with this layout.
+        unsafe { std::alloc::dealloc(std::hint::black_box(p), layout) };
+    }
+}
+
+#[inline(never)]
+fn calibrate_zeroed() {
+    let layout =
+        std::alloc::Layout::from_size_align(CALIBRATION_SIZE, 16).unwrap_or(std::alloc::Layout::new::<u64>());
+    // SAFETY: a non-zero size; freed with the same layout.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if !p.is_null() {
+        // SAFETY: allocated just above with this layout.
+        unsafe { std::alloc::dealloc(std::hint::black_box(p), layout) };
+    }
+}
+
+#[inline(never)]
+fn calibrate_realloc() {
+    let small = std::alloc::Layout::new::<[u64; 2]>();
+    // SAFETY: a non-zero size.
+    let p = unsafe { std::alloc::alloc(small) };
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `p` is live with `small`; the new size is non-zero and fits isize.
+    let q = unsafe { std::alloc::realloc(std::hint::black_box(p), small, CALIBRATION_SIZE) };
+    let (block, layout) = if q.is_null() {
+        (p, small)
+    } else {
+        (q, std::alloc::Layout::from_size_align(CALIBRATION_SIZE, small.align()).unwrap_or(small))
+    };
+    // SAFETY: live with `layout`, freed once.
+    unsafe { std::alloc::dealloc(std::hint::black_box(block), layout) };
+}
+
+fn skipped(start: usize) -> bool {
+    let n = SKIP_LEN.load(Acquire).min(SKIP);
+    SKIP_STARTS[..n].iter().any(|s| s.load(Relaxed) == start)
+}
+
+fn learn(starts: &[usize]) {
+    for &s in starts {
+        if s == 0 || skipped(s) {
+            continue;
+        }
+        let n = SKIP_LEN.load(Relaxed);
+        if n < SKIP {
+            SKIP_STARTS[n].store(s, Relaxed);
+            SKIP_LEN.store(n + 1, Release);
+        }
+    }
+}
+
+/// One stack walk's state.
+struct Walk {
+    vec: *mut *mut c_void,
+    max: usize,
+    n: usize,
+    skipping: bool,
+    calibrating: usize,
+    seen: [usize; SKIP],
+    nseen: usize,
+}
+
+extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
+    // SAFETY: `arg` is the `Walk` `backtrace` handed to `_Unwind_Backtrace`, used by
+    // nothing else while it runs.
+    let w = unsafe { &mut *arg.cast::<Walk>() };
+    // SAFETY: `ctx` is the unwinder's context for this frame.
+    let ip = unsafe { _Unwind_GetIP(ctx) };
+    if ip == 0 {
+        return URC_END_OF_STACK;
+    }
+    // SAFETY: as above.
+    let start = unsafe { _Unwind_GetRegionStart(ctx) };
+    if w.calibrating != 0 {
+        if start == w.calibrating {
+            learn(&w.seen[..w.nseen]);
+            LEARNED.store(true, Release);
+            w.calibrating = 0;
+        } else if w.nseen < SKIP {
+            w.seen[w.nseen] = start;
+            w.nseen += 1;
+        }
+    }
+    if w.skipping {
+        let own = (OWN_LO.load(Relaxed)..OWN_HI.load(Acquire)).contains(&ip);
+        if own || start == backtrace as *const () as usize || skipped(start) {
+            return URC_NO_REASON;
+        }
+        w.skipping = false;
+    }
+    if w.n >= w.max {
+        return URC_END_OF_STACK;
+    }
+    // SAFETY: `vec` holds `max` slots (the hook's contract) and n < max.
+    unsafe { *w.vec.add(w.n) = ip as *mut c_void };
+    w.n += 1;
+    URC_NO_REASON
+}
+
+/// jemalloc's stack hook: the return addresses of the sampled allocation's stack,
+/// innermost first, from its caller on. libgcc's unwinder reads the unwind tables
+/// (frame pointers are not needed), takes no lock of memquota's and allocates
+/// nothing (glibc 2.35 and later find a frame's table with `_dl_find_object`,
+/// without the loader's lock).
+///
+/// # Safety
+/// Called by jemalloc with `vec` holding `max` slots and `len` writable.
+pub(super) unsafe extern "C" fn backtrace(vec: *mut *mut c_void, len: *mut c_uint, max: c_uint) {
+    let mut walk = Walk {
+        vec,
+        max: (max as usize).min(DEPTH),
+        n: 0,
+        skipping: true,
+        calibrating: CALIBRATING.load(Acquire),
+        seen: [0; SKIP],
+        nseen: 0,
+    };
+    // SAFETY: `step` only touches `walk`, which outlives the call.
+    unsafe { _Unwind_Backtrace(step, (&mut walk as *mut Walk).cast()) };
+    // SAFETY: the hook's contract.
+    unsafe { *len = walk.n as c_uint };
+}
+
+/// Whether memquota is in a library of its own (the preload, a JNI library): then
+/// every frame in that object is the allocator's, and nothing needs learning.
+pub(super) fn in_library() -> bool {
+    OWN_HI.load(Acquire) != 0
+}

@@ -1,0 +1,143 @@
+//! Allocation sites: jemalloc's own heap profile, read without a heap.
+//!
+//! jemalloc (built with `--enable-prof`) samples allocations byte-weighted, one per
+//! `2^lg_prof_sample` bytes on average, keeps each sampled block's stack until the
+//! block is freed (a sampled small block is promoted to a page-aligned extent of its
+//! own, so its free finds it at no cost to other frees), and writes the live samples
+//! on `prof.dump`. memquota turns it on by default (`MEMQUOTA_PROFILE_SAMPLE`, 512 KiB;
+//! `0` turns it off), captures the stacks itself (`backtrace`: libgcc's unwinder, the
+//! allocator's own frames left out), and reads the top sites at a refusal: the dump
+//! goes to a memfd and is parsed line by line in a fixed buffer, so the refusing
+//! thread allocates nothing through the counted paths (jemalloc's own bookkeeping of
+//! the dump uses its internal arena). Frames are return addresses shown as the
+//! object and its address (`OBJECT+0xADDR`, what `addr2line -e OBJECT` reads): names
+//! need symbol tables and allocation, so they are left to a reader with a heap
+//! (`memquota run`, a test, a later pprof export). docs/design.md, "Allocation sites".
+//! `hook` captures the stacks, `dump` reads and writes the sites.
+
+mod dump;
+mod hook;
+
+pub use dump::{write_site_comments, write_sites, Sites};
+
+use crate::base::sync::{
+    AtomicBool, AtomicU64, AtomicU8,
+    Ordering::{Acquire, Relaxed, Release},
+};
+
+/// jemalloc's options compiled into the program (`malloc_conf`, with the prefix of
+/// memquota's jemalloc): profiling on from jemalloc's start, since `opt.prof` cannot
+/// be turned on later. The variables jemalloc reads after it (`_RJEM_MALLOC_CONF`,
+/// and `MALLOC_CONF` under the preload) still win; `MEMQUOTA_PROFILE_SAMPLE` sets the
+/// rate or turns sampling off once memquota runs. A program that compiles in its own
+/// `_rjem_malloc_conf` turns off the crate's `profile` feature (a default one).
+#[cfg(feature = "profile")]
+#[no_mangle]
+#[used]
+pub static _rjem_malloc_conf: Options = Options(c"prof:true,prof_active:true,lg_prof_sample:19".as_ptr());
+
+/// A `const char *` jemalloc reads.
+#[repr(transparent)]
+pub struct Options(*const libc::c_char);
+
+// SAFETY: it points at a string literal, immutable for the life of the process.
+unsafe impl Sync for Options {}
+
+/// The profile is on (jemalloc's `opt.prof`, active).
+static ON: AtomicBool = AtomicBool::new(false);
+/// [`configure`]'s progress: not begun, under way, done.
+static CONFIGURED: AtomicU8 = AtomicU8::new(NOT_BEGUN);
+const NOT_BEGUN: u8 = 0;
+const UNDER_WAY: u8 = 1;
+const DONE: u8 = 2;
+/// The mean sampling interval in force, in bytes.
+static RATE: AtomicU64 = AtomicU64::new(0);
+
+/// Whether the profile is being taken.
+pub fn enabled() -> bool {
+    ON.load(Acquire)
+}
+
+fn ctl_read<T: Copy>(name: &[u8]) -> Option<T> {
+    // SAFETY: `name` is NUL-terminated, and each caller names a control of type T.
+    unsafe { tikv_jemalloc_ctl::raw::read::<T>(name) }.ok()
+}
+
+fn ctl_write<T>(name: &[u8], value: T) -> bool {
+    // SAFETY: as `ctl_read`: a NUL-terminated name of a control of type T.
+    unsafe { tikv_jemalloc_ctl::raw::write::<T>(name, value) }.is_ok()
+}
+
+/// Sets the profile up once, from `init` or, for a program that never calls it, the
+/// sampler thread (a service thread: its allocations are charged, never refused):
+/// installs the stack hook, learns the allocator's own frames, and applies `sample`
+/// (bytes; 0 turns sampling off). Does nothing when jemalloc does not profile
+/// (`opt.prof` false).
+pub(crate) fn configure(sample: u64) {
+    if CONFIGURED.compare_exchange(NOT_BEGUN, UNDER_WAY, Acquire, Relaxed).is_err() {
+        // Under way on the sampler thread (a first allocation came before `init`):
+        // `init` returns once it is done, so that what the program measures after
+        // it is not moved by the allocations that learn the allocator's frames.
+        while CONFIGURED.load(Acquire) == UNDER_WAY {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        return;
+    }
+    set_up(sample);
+    CONFIGURED.store(DONE, Release);
+}
+
+fn set_up(sample: u64) {
+    if ctl_read::<bool>(b"opt.prof\0") != Some(true) {
+        return;
+    }
+    if sample == 0 {
+        ctl_write(b"prof.active\0", false);
+        return;
+    }
+    let hook: hook::BacktraceHook = hook::backtrace;
+    hook::own_object();
+    if !ctl_write(b"experimental.hooks.prof_backtrace\0", hook) {
+        return;
+    }
+    let lg = nearest_lg(sample);
+    if ctl_read::<usize>(b"prof.lg_sample\0") != Some(lg) {
+        ctl_write(b"prof.reset\0", lg);
+    }
+    ctl_write(b"prof.active\0", true);
+    RATE.store(1 << lg, Relaxed);
+    // In a library of its own (the preload, a JNI library) every allocator frame is
+    // in that object. In the program itself, the allocator's functions are learned,
+    // on a thread of its own, an ordinary one: the caller may be a service thread,
+    // whose allocations all take the face's slow path, and a face's fast path has
+    // frames of its own to learn. (Never in a library: its `init` may run under the
+    // loader's lock, which a new thread's start takes.)
+    if !hook::in_library() {
+        let learner = std::thread::Builder::new().name("memquota-sites".into()).spawn(hook::calibrate);
+        if let Ok(learner) = learner {
+            let _ = learner.join();
+        }
+    }
+    ON.store(true, Release);
+}
+
+/// jemalloc takes the mean as a power of two: the nearest one, at most 2^40.
+fn nearest_lg(sample: u64) -> usize {
+    let lg = 63 - sample.max(1).leading_zeros();
+    let up = sample - (1u64 << lg) > (1u64 << lg) / 2;
+    (lg + u32::from(up)).min(40) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nearest_power_of_two_is_jemallocs_rate() {
+        assert_eq!(nearest_lg(512 << 10), 19);
+        assert_eq!(nearest_lg(700 << 10), 19, "700 KiB is nearer 512 KiB than 1 MiB");
+        assert_eq!(nearest_lg(800 << 10), 20);
+        assert_eq!(nearest_lg(1), 0);
+        assert_eq!(nearest_lg(u64::MAX), 40);
+    }
+}

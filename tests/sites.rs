@@ -1,0 +1,154 @@
+//! Allocation sites in the Rust face's OOM report (docs/design.md, "Allocation
+//! sites"), one check each in a process of its own: jemalloc starts with the profile
+//! on (memquota compiles its options in), and `MEMQUOTA_PROFILE_SAMPLE` is read by
+//! `Config::from_env`. The report's frames are `OBJECT+ADDR`; this test names them
+//! with `addr2line`, as `memquota run` does. The preload's side is
+//! `ld_preload/tests/preload.rs` (`tests/c/sites.c`).
+
+mod support;
+
+use memquota::{Config, QuotaAlloc};
+use std::hint::black_box;
+use std::process::Command;
+use std::time::Duration;
+use support::{KIB, MIB};
+
+#[global_allocator]
+static GLOBAL: QuotaAlloc = QuotaAlloc::new();
+
+fn main() {
+    support::run_isolated_with_env(
+        &[
+            (
+                "a_refusal_names_the_two_sites_holding_the_memory",
+                a_refusal_names_the_two_sites_holding_the_memory,
+                FINE,
+            ),
+            ("memory_freed_leaves_the_sites", memory_freed_leaves_the_sites, FINE),
+            (
+                "profile_sample_0_turns_the_profile_off",
+                profile_sample_0_turns_the_profile_off,
+                &[("MEMQUOTA_PROFILE_SAMPLE", "0")],
+            ),
+        ],
+        Duration::from_secs(60),
+    );
+}
+
+/// One sample per 16 KiB: the estimates are random, and 8 MiB at the default 512 KiB
+/// is about 16 samples, whose count is off by more than a quarter about one run in
+/// three; at 16 KiB, 512 samples, more than five standard deviations.
+const FINE: &[(&str, &str)] = &[("MEMQUOTA_PROFILE_SAMPLE", "16k")];
+
+/// 64 KiB blocks from one function.
+#[inline(never)]
+fn big_site(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|_| black_box(vec![1u8; 64 * KIB as usize])).collect()
+}
+
+/// 4 KiB blocks from another.
+#[inline(never)]
+fn small_site(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|_| black_box(vec![2u8; 4 * KIB as usize])).collect()
+}
+
+/// Blocks allocated and freed at once: never live.
+#[inline(never)]
+fn churn_site(n: usize) {
+    for _ in 0..n {
+        black_box(vec![3u8; 64 * KIB as usize]);
+    }
+}
+
+/// Fills a 64 MiB budget with 48 MiB from `big_site` and 8 MiB from `small_site`,
+/// then asks for 32 MiB: the report of the refusal.
+fn refused_report() -> String {
+    let config = Config::from_env().expect("the environment's configuration").limit(64 * MIB);
+    memquota::init(config).unwrap();
+    memquota::set_report_hook(|_| {});
+    let big = big_site(768);
+    let small = small_site(2048);
+    let mut v: Vec<u8> = Vec::new();
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err(), "32 MiB past 56 MiB held is refused at 64 MiB");
+    let report = memquota::last_report().expect("a report");
+    drop((big, small));
+    report
+}
+
+/// One site of a report: estimated bytes, and its frames named by addr2line.
+struct Site {
+    bytes: u64,
+    names: Vec<String>,
+}
+
+/// The report's sites, each frame (`OBJECT+ADDR`, or `+ADDR` in the object of the
+/// frame before) named by `addr2line -f -i`.
+fn sites(report: &str) -> Vec<Site> {
+    let mut lines = report.lines().skip_while(|l| !l.trim_start().starts_with("top sites"));
+    assert!(lines.next().is_some(), "the report names its top sites:\n{report}");
+    let mut out = Vec::new();
+    for line in lines.take_while(|l| l.starts_with("    ")) {
+        // "    42.6 MiB (44622215)  85.0%  /obj+0x11cd <- +0x1084 <- /lib+0x27249"
+        let bytes: u64 =
+            line.split(['(', ')']).nth(1).and_then(|b| b.parse().ok()).expect("bytes in parentheses");
+        let frames = line.split_once('%').expect("a share").1;
+        let mut object = String::new();
+        let mut names = Vec::new();
+        for frame in frames.split("<-").map(str::trim) {
+            let (obj, addr) = frame.rsplit_once('+').expect("OBJECT+ADDR");
+            if !obj.is_empty() {
+                object = obj.to_string();
+            }
+            let out = Command::new("addr2line")
+                .args(["-f", "-i", "-C", "-e", &object, addr])
+                .output()
+                .expect("addr2line");
+            names.extend(String::from_utf8_lossy(&out.stdout).lines().step_by(2).map(str::to_string));
+        }
+        out.push(Site { bytes, names });
+    }
+    out
+}
+
+fn named(site: &Site, function: &str) -> bool {
+    site.names.iter().any(|n| n.contains(function))
+}
+
+fn within(bytes: u64, expected: u64) -> bool {
+    bytes >= expected * 3 / 4 && bytes <= expected * 5 / 4
+}
+
+/// The two sites come first, named, their estimates within 25% of what they hold.
+fn a_refusal_names_the_two_sites_holding_the_memory() {
+    let report = refused_report();
+    println!("{report}");
+    let sites = sites(&report);
+    assert!(sites.len() >= 2, "two sites at least:\n{report}");
+    for s in &sites {
+        println!("  {} bytes: {:?}", s.bytes, s.names);
+    }
+    assert!(named(&sites[0], "big_site"), "the first site is big_site:\n{report}");
+    assert!(within(sites[0].bytes, 48 * MIB), "big_site's 48 MiB within 25%: {}", sites[0].bytes);
+    assert!(named(&sites[1], "small_site"), "the second site is small_site:\n{report}");
+    assert!(within(sites[1].bytes, 8 * MIB), "small_site's 8 MiB within 25%: {}", sites[1].bytes);
+}
+
+/// 256 MiB allocated and freed from one function before the budget fills: the
+/// profile is of live memory, so that function is not among the sites.
+fn memory_freed_leaves_the_sites() {
+    churn_site(4096);
+    let report = refused_report();
+    let sites = sites(&report);
+    for s in &sites {
+        println!("  {} bytes: {:?}", s.bytes, s.names);
+    }
+    assert!(named(&sites[0], "big_site") && named(&sites[1], "small_site"), "{report}");
+    assert!(!sites.iter().any(|s| named(s, "churn_site")), "freed memory is not live:\n{report}");
+}
+
+/// `MEMQUOTA_PROFILE_SAMPLE=0`: no profile, and the report says nothing of sites.
+fn profile_sample_0_turns_the_profile_off() {
+    let report = refused_report();
+    assert!(!report.contains("top sites"), "{report}");
+    assert!(report.contains("native tracked"), "{report}");
+}
