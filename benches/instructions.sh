@@ -22,7 +22,7 @@ if ! command -v valgrind > /dev/null; then
 fi
 churn=$(mktemp -d)/churn
 gcc -O2 -pthread benches/preload/churn.c -o "$churn"
-bench=$(cargo bench --bench alloc --no-run 2>&1 | sed -n 's/.*Executable benches\/alloc.rs (\(.*\))/\1/p')
+bench=$(cargo bench -p memquota --bench alloc --no-run 2>&1 | sed -n 's/.*Executable benches\/alloc.rs (\(.*\))/\1/p')
 [ -x "$bench" ] || { echo "benches/instructions.sh: could not find the alloc bench's executable" >&2; exit 1; }
 echo "valgrind --tool=callgrind, the workload's thread; instructions per op (one allocation + one free)"
 python3 - "$bench" "$churn" "$jemalloc" "$mq" <<'PY'

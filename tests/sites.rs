@@ -1,7 +1,7 @@
 //! Allocation sites in the Rust face's OOM report (docs/design.md, "Allocation
-//! sites"), one check each in a process of its own: jemalloc starts with the profile
-//! on (memquota compiles its options in), and `MEMQUOTA_PROFILE_SAMPLE` is read by
-//! `Config::from_env`. The report's frames are `OBJECT+ADDR`; this test names them
+//! sites"), one check each in a process of its own: jemalloc starts able to profile
+//! (the `profile` feature compiles its options in), and `MEMQUOTA_PROFILE_SAMPLE`, read
+//! by `Config::from_env`, turns sampling on. The report's frames are `OBJECT+ADDR`; this test names them
 //! with `addr2line`, as `memquota run` does. The preload's side is
 //! `ld_preload/tests/preload.rs` (`tests/c/sites.c`).
 

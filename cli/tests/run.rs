@@ -501,15 +501,21 @@ fn bad_flags_and_a_missing_preload_exit_2_without_running_anything() {
 /// path is `stats`), with a limit of 32 MiB: every process asks for 80 MiB in 8 MiB
 /// blocks. Returns the refusals the processes saw, in all.
 fn forking_server(stats: &str) -> u64 {
-    let dir = scratch("bin-server");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forking_server.c");
-    let bin = dir.join("forking_server");
-    let status = Command::new("gcc").args(["-O1", "-Wall"]).arg(&src).arg("-o").arg(&bin).status().unwrap();
-    assert!(status.success(), "gcc {} failed", src.display());
+    // Built once: two checks run it at once, and one rewriting the program while the
+    // other starts it fails that start (EACCES).
+    static BIN: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let bin = BIN.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forking_server.c");
+        let bin = scratch("bin-server").join("forking_server");
+        let status =
+            Command::new("gcc").args(["-O1", "-Wall"]).arg(&src).arg("-o").arg(&bin).status().unwrap();
+        assert!(status.success(), "gcc {} failed", src.display());
+        bin
+    });
     let mut cmd = command("timeout", &["60", "env"]);
     cmd.arg(format!("LD_PRELOAD={}", preload().display()))
         .args(["MEMQUOTA_LIMIT=32m", &format!("MEMQUOTA_STATS_FILE={stats}")])
-        .arg(&bin)
+        .arg(bin)
         .args(["3", "10"]);
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -56,7 +56,7 @@ pub(crate) fn ensure_sampling() -> bool {
             crate::base::settings::ensure_configured();
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
-        super::profile::configure(crate::base::settings::profile_sample());
+        super::profile::configure();
         let mut purger = purge::Service::start();
         let mut watch = None;
         loop {

@@ -34,7 +34,7 @@ fn configure(config: &Config) -> Result<()> {
     // jemalloc call can need (jemalloc looks `pthread_create` up with `dlsym`). The
     // profile too is set up before the sampler thread starts (it does this for a
     // program that never calls `init`), so that it is set up when `init` returns.
-    crate::policy::profile::configure(config.profile_sample_setting());
+    crate::policy::profile::configure();
     let first = !crate::policy::sampler::started();
     if first {
         crate::policy::purge::take_over_decay();

@@ -130,12 +130,18 @@ fn in_a_child(name: &str, env: &[(&str, &str)], budget: Duration) -> (bool, Stri
     (ok, detail)
 }
 
-/// Runs `cmd` without memquota's variables from the shell, its output captured, and
-/// kills it if it still runs after `bound`. Its output, and whether it was killed.
+/// Runs `cmd` without memquota's variables from the shell (those set on `cmd` stay),
+/// its output captured, and kills it if it still runs after `bound`. Its output, and
+/// whether it was killed.
 pub fn output_within(cmd: &mut Command, bound: Duration) -> (Output, bool) {
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // The shell's, not those the caller set on `cmd` (a check's own variables).
+    let set: Vec<std::ffi::OsString> =
+        cmd.get_envs().filter(|(_, v)| v.is_some()).map(|(k, _)| k.to_owned()).collect();
     for (var, _) in memquota::seam::process::ENV_VARS {
-        cmd.env_remove(var);
+        if !set.iter().any(|k| k == var) {
+            cmd.env_remove(var);
+        }
     }
     let child = cmd.spawn().expect("spawn a child process");
     let pid = child.id() as i32;

@@ -4,8 +4,8 @@
 //! `2^lg_prof_sample` bytes on average, keeps each sampled block's stack until the
 //! block is freed (a sampled small block is promoted to a page-aligned extent of its
 //! own, so its free finds it at no cost to other frees), and writes the live samples
-//! on `prof.dump`. memquota turns it on by default (`MEMQUOTA_PROFILE_SAMPLE`, 512 KiB;
-//! `0` turns it off), captures the stacks itself (`backtrace`: libgcc's unwinder, the
+//! on `prof.dump`. memquota turns it on with `MEMQUOTA_PROFILE_SAMPLE` (a rate: 512k is
+//! Go's; off by default, for what the unwinder costs), captures the stacks itself (`backtrace`: libgcc's unwinder, the
 //! allocator's own frames left out), and reads the top sites at a refusal: the dump
 //! goes to a memfd and is parsed line by line in a fixed buffer, so the refusing
 //! thread allocates nothing through the counted paths (jemalloc's own bookkeeping of
@@ -21,20 +21,20 @@ mod hook;
 pub use dump::{write_site_comments, write_sites, Sites};
 
 use crate::base::sync::{
-    AtomicBool, AtomicU64, AtomicU8,
-    Ordering::{Acquire, Relaxed, Release},
+    AtomicBool, AtomicU64,
+    Ordering::{AcqRel, Acquire, Relaxed, Release},
 };
 
 /// jemalloc's options compiled into the program (`malloc_conf`, with the prefix of
-/// memquota's jemalloc): profiling on from jemalloc's start, since `opt.prof` cannot
-/// be turned on later. The variables jemalloc reads after it (`_RJEM_MALLOC_CONF`,
-/// and `MALLOC_CONF` under the preload) still win; `MEMQUOTA_PROFILE_SAMPLE` sets the
-/// rate or turns sampling off once memquota runs. A program that compiles in its own
-/// `_rjem_malloc_conf` turns off the crate's `profile` feature (a default one).
+/// memquota's jemalloc): profiling possible from jemalloc's start (`opt.prof` cannot
+/// be turned on later), no sample taken until `MEMQUOTA_PROFILE_SAMPLE` sets a rate.
+/// The variables jemalloc reads after it (`_RJEM_MALLOC_CONF`, and `MALLOC_CONF`
+/// under the preload) still win. A program that compiles in its own
+/// `_rjem_malloc_conf` leaves the crate's `profile` feature off.
 #[cfg(feature = "profile")]
 #[no_mangle]
 #[used]
-pub static _rjem_malloc_conf: Options = Options(c"prof:true,prof_active:true,lg_prof_sample:19".as_ptr());
+pub static _rjem_malloc_conf: Options = Options(c"prof:true,prof_active:false,lg_prof_sample:19".as_ptr());
 
 /// A `const char *` jemalloc reads.
 #[repr(transparent)]
@@ -45,11 +45,10 @@ unsafe impl Sync for Options {}
 
 /// The profile is on (jemalloc's `opt.prof`, active).
 static ON: AtomicBool = AtomicBool::new(false);
-/// [`configure`]'s progress: not begun, under way, done.
-static CONFIGURED: AtomicU8 = AtomicU8::new(NOT_BEGUN);
-const NOT_BEGUN: u8 = 0;
-const UNDER_WAY: u8 = 1;
-const DONE: u8 = 2;
+/// A [`configure`] is applying the settings.
+static APPLYING: AtomicBool = AtomicBool::new(false);
+/// The stack hook is installed and the allocator's frames learned.
+static SET_UP: AtomicBool = AtomicBool::new(false);
 /// The mean sampling interval in force, in bytes.
 static RATE: AtomicU64 = AtomicU64::new(0);
 
@@ -68,44 +67,46 @@ fn ctl_write<T>(name: &[u8], value: T) -> bool {
     unsafe { tikv_jemalloc_ctl::raw::write::<T>(name, value) }.is_ok()
 }
 
-/// Sets the profile up once, from `init` or, for a program that never calls it, the
-/// sampler thread (a service thread: its allocations are charged, never refused):
-/// installs the stack hook, learns the allocator's own frames, and applies `sample`
-/// (bytes; 0 turns sampling off). Does nothing when jemalloc does not profile
-/// (`opt.prof` false).
-pub(crate) fn configure(sample: u64) {
-    if CONFIGURED.compare_exchange(NOT_BEGUN, UNDER_WAY, Acquire, Relaxed).is_err() {
-        // Under way on the sampler thread (a first allocation came before `init`):
-        // `init` returns once it is done, so that what the program measures after
-        // it is not moved by the allocations that learn the allocator's frames.
-        while CONFIGURED.load(Acquire) == UNDER_WAY {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        return;
-    }
-    set_up(sample);
-    CONFIGURED.store(DONE, Release);
-}
-
-fn set_up(sample: u64) {
+/// Applies the settings' rate (`MEMQUOTA_PROFILE_SAMPLE`, bytes; 0: no samples), from
+/// `init` (after it stored its settings) or, for a program that never calls it, the
+/// sampler thread (a service thread: its allocations are charged, never refused).
+/// One caller at a time, each reading the rate when its turn comes, so the last one
+/// applies the latest settings whatever order the two run in. The first rate sets the
+/// profile up: installs the stack hook and learns the allocator's own frames; later
+/// calls only change the rate or stop sampling. `init` returns once a set-up under way
+/// on the sampler thread is done, so that what the program measures after it is not
+/// moved by the allocations that learn the allocator's frames. Does nothing when
+/// jemalloc does not profile (`opt.prof` false).
+pub(crate) fn configure() {
     if ctl_read::<bool>(b"opt.prof\0") != Some(true) {
         return;
     }
-    if sample == 0 {
-        ctl_write(b"prof.active\0", false);
-        return;
+    while APPLYING.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    let sample = crate::base::settings::profile_sample();
+    if sample == 0 {
+        if ON.swap(false, AcqRel) {
+            ctl_write(b"prof.active\0", false);
+        }
+    } else if SET_UP.load(Relaxed) {
+        sample_at(sample);
+        ON.store(true, Release);
+    } else if set_up(sample) {
+        SET_UP.store(true, Relaxed);
+    }
+    APPLYING.store(false, Release);
+}
+
+/// The first set-up: the hook, the rate, the allocator's frames. False if jemalloc
+/// refused the hook.
+fn set_up(sample: u64) -> bool {
     let hook: hook::BacktraceHook = hook::backtrace;
     hook::own_object();
     if !ctl_write(b"experimental.hooks.prof_backtrace\0", hook) {
-        return;
+        return false;
     }
-    let lg = nearest_lg(sample);
-    if ctl_read::<usize>(b"prof.lg_sample\0") != Some(lg) {
-        ctl_write(b"prof.reset\0", lg);
-    }
-    ctl_write(b"prof.active\0", true);
-    RATE.store(1 << lg, Relaxed);
+    sample_at(sample);
     // In a library of its own (the preload, a JNI library) every allocator frame is
     // in that object. In the program itself, the allocator's functions are learned,
     // on a thread of its own, an ordinary one: the caller may be a service thread,
@@ -119,6 +120,18 @@ fn set_up(sample: u64) {
         }
     }
     ON.store(true, Release);
+    true
+}
+
+/// Samples once per `sample` bytes on average (the nearest power of two); a new rate
+/// resets the profile, so that it holds samples at one rate only.
+fn sample_at(sample: u64) {
+    let lg = nearest_lg(sample);
+    if ctl_read::<usize>(b"prof.lg_sample\0") != Some(lg) {
+        ctl_write(b"prof.reset\0", lg);
+    }
+    ctl_write(b"prof.active\0", true);
+    RATE.store(1 << lg, Relaxed);
 }
 
 /// jemalloc takes the mean as a power of two: the nearest one, at most 2^40.
