@@ -50,11 +50,12 @@ mod exhausted;
 mod pool;
 mod query;
 mod replan;
+mod room;
 mod spill_files;
 
 pub use attach::{in_scope, install_tracer, InScope, ScopeTracer};
 pub use datafusion;
-pub use pool::{MemquotaPool, DEFAULT_MARGIN};
+pub use pool::{MemquotaPool, PoolStats, DEFAULT_MARGIN, DEFAULT_ROOM_WAIT};
 pub use query::{run_query, QueryScope};
 pub use replan::{collect_query, Collected, MAX_RETRIES};
 pub use spill_files::{disk_manager_builder, ScopedSpillFiles};

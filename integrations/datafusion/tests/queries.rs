@@ -255,9 +255,13 @@ fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &
     let message = seen.all("message").join("\n");
     // The last plan's scope is the query, named with its retry; CrossJoinExec held
     // what there was.
-    for part in
-        ["CrossJoinExec", "Top memory consumers", "scope \"cross join (retry 2: sort-merge, small batches)\""]
-    {
+    for part in [
+        "CrossJoinExec",
+        "Top memory consumers",
+        "scope \"cross join (retry 2: sort-merge, small batches)\"",
+        "query \"cross join (retry 2: sort-merge, small batches)\" holds",
+        "(this request's)",
+    ] {
         assert!(message.contains(part), "no {part:?} in the message:\n{message}");
     }
     assert_eq!(seen.num("pool-retries"), 2, "every plan tried\n{}", seen.text);
