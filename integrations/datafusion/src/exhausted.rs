@@ -68,11 +68,11 @@ fn named(all: &[Query], scope: u64) -> (&str, u64, u64) {
     all.iter().find(|q| q.handle == scope).map_or(("?", 0, 0), |q| (q.name.as_str(), q.held, q.share))
 }
 
-/// Why a query over its share is refused while `waiter` waits for it: it gives way.
+/// Why a query over its share is refused after `waiter` waited for it: it gives way.
 pub(crate) fn giving_way(all: &[Query], scope: u64, waiter: &str, fails: bool) -> String {
     let (name, held, share) = named(all, scope);
     format!(
-        "; query \"{name}\" holds {}, past its fair share of {}, and query \"{waiter}\" waits for \
+        "; query \"{name}\" holds {}, past its fair share of {}, and query \"{waiter}\" waited for \
          room: {}",
         size(held),
         size(share),

@@ -398,10 +398,7 @@ impl MemoryPool for MemquotaPool {
             if fails {
                 self.note_unspillable_refusal(scope);
             }
-            if let Some(waiter) = self.room.waiter_for(scope.as_raw()) {
-                if fails {
-                    self.room.failed_as_heaviest(scope.as_raw());
-                }
+            if let Some(waiter) = self.room.take_mark(scope.as_raw(), fails) {
                 note = exhausted::giving_way(&queries, scope.as_raw(), &waiter, fails);
             } else if let Some(d) = waited {
                 note = exhausted::waited_in_vain(&queries, scope.as_raw(), d);

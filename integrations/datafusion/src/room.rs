@@ -8,10 +8,9 @@
 //! missing is time for that to happen: the refused query under its share *waits*,
 //! bounded, for the memory the heavy query's spill or failure frees, woken by every
 //! release (a reservation shrunk, a consumer gone), instead of failing at once while
-//! the query that holds the memory goes on. The heavy query is marked while someone
-//! waits for it, so its refusal says for whom it gives way, and the pool counts the
-//! asks, the waits, the waits that ended in room and the queries failed as the
-//! heaviest.
+//! the query that holds the memory goes on. The heavy query is marked until its next
+//! request, so its refusal says for whom it gives way, and the pool counts the asks,
+//! the waits, the waits that ended in room and the queries failed as the heaviest.
 
 use memquota::{MemoryManager, ScopeHandle};
 use std::collections::{HashMap, HashSet};
@@ -59,18 +58,14 @@ pub(crate) fn heaviest(queries: &[Query], not: u64) -> Option<&Query> {
     queries.iter().filter(|q| q.handle != not && q.over() > 0).max_by_key(|q| (q.over(), q.handle))
 }
 
-/// A heavy query someone waits for.
-struct Mark {
-    /// The first waiter's query, for the heavy query's error.
-    for_query: String,
-    waiters: u32,
-    /// Whether it was counted as failed as the heaviest.
-    failed: bool,
-}
+/// Marks kept before those of ended queries are dropped.
+const MARKS_KEPT: usize = 64;
 
 #[derive(Default)]
 struct State {
-    marks: HashMap<u64, Mark>,
+    /// Heavy queries someone waited for, until their next request: the last waiter's
+    /// query, for the heavy query's error.
+    marks: HashMap<u64, String>,
     /// Heavy queries a wait timed out on: nobody waits for them again until they ask
     /// for memory themselves (until then they are in a phase that does not grow, and
     /// waiting would only slow the queries under their share).
@@ -159,26 +154,21 @@ impl Room {
         self.any_unanswered.load(Relaxed) > 0 && self.state().unanswered.contains(&heavy)
     }
 
-    /// The query that waits for `scope` to give way, if one does.
-    pub(crate) fn waiter_for(&self, scope: u64) -> Option<String> {
-        self.state().marks.get(&scope).map(|m| m.for_query.clone())
-    }
-
-    /// `scope`, marked, was refused a request its operator cannot answer by spilling:
-    /// it fails as the heaviest (counted once a mark).
-    pub(crate) fn failed_as_heaviest(&self, scope: u64) {
-        if let Some(m) = self.state().marks.get_mut(&scope) {
-            if !m.failed {
-                m.failed = true;
-                self.heaviest_failed.fetch_add(1, Relaxed);
-            }
+    /// `scope` was refused: the query that waited for it to give way, if one did
+    /// since its last request (the mark goes). `fails`: the refusal fails its operator,
+    /// so it fails as the heaviest (counted).
+    pub(crate) fn take_mark(&self, scope: u64, fails: bool) -> Option<String> {
+        let waiter = self.state().marks.remove(&scope)?;
+        if fails {
+            self.heaviest_failed.fetch_add(1, Relaxed);
         }
+        Some(waiter)
     }
 
     /// Waits until `attempt` grants the request or `wait` has passed, woken by every
-    /// release, with `heavy` marked as given way to by `for_query` (and asked to spill,
-    /// counted, when `spill`). Blocks the calling thread: the caller hands its tokio
-    /// worker's other tasks on first.
+    /// release, with `heavy` marked as given way to by `for_query` until its next
+    /// request (and asked to spill, counted, when `spill`). Blocks the calling thread:
+    /// the caller hands its tokio worker's other tasks on first.
     pub(crate) fn wait(
         &self,
         heavy: u64,
@@ -195,10 +185,12 @@ impl Room {
         if spill {
             self.spill_asks.fetch_add(1, Relaxed);
         }
-        st.marks
-            .entry(heavy)
-            .or_insert_with(|| Mark { for_query: for_query.to_owned(), waiters: 0, failed: false })
-            .waiters += 1;
+        if st.marks.len() >= MARKS_KEPT {
+            st.marks.retain(|&raw, _| ScopeHandle::from_raw(raw).is_live());
+        }
+        // Kept after the wait: the heavy query's next request may come after the
+        // waiter found room elsewhere, and it is refused all the same.
+        st.marks.insert(heavy, for_query.to_owned());
         // Decided under the lock a release takes to notify: none is missed between a
         // decision and the wait.
         let granted = loop {
@@ -211,12 +203,6 @@ impl Room {
             }
             st = self.freed.wait_timeout(st, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         };
-        if let Some(m) = st.marks.get_mut(&heavy) {
-            m.waiters -= 1;
-            if m.waiters == 0 {
-                st.marks.remove(&heavy);
-            }
-        }
         self.waiting.fetch_sub(1, SeqCst);
         if granted {
             self.waits_with_room.fetch_add(1, Relaxed);
@@ -260,18 +246,18 @@ mod tests {
         while room.counts().waiting == 0 {
             std::thread::yield_now();
         }
-        assert_eq!(room.waiter_for(7).as_deref(), Some("light"));
-        room.failed_as_heaviest(7);
-        room.failed_as_heaviest(7);
         free.store(1, SeqCst);
         room.released();
         assert_eq!(waiter.join().expect("the waiter"), Waited::Room);
         assert_eq!(
             room.counts(),
-            Counts { spill_asks: 1, waits: 1, waits_with_room: 1, heaviest_failed: 1, waiting: 0 }
+            Counts { spill_asks: 1, waits: 1, waits_with_room: 1, heaviest_failed: 0, waiting: 0 }
         );
-        assert_eq!(room.waiter_for(7), None, "the mark goes with its last waiter");
         assert!(!room.is_unanswered(7));
+        // The heavy query's next refusal says for whom it gave way, once.
+        assert_eq!(room.take_mark(7, true).as_deref(), Some("light"));
+        assert_eq!(room.take_mark(7, true), None, "the mark goes with its next request");
+        assert_eq!(room.counts().heaviest_failed, 1);
     }
 
     #[test]

@@ -283,7 +283,7 @@ fn the_heavy_query_gives_way_and_the_light_one_completes() {
     for part in [
         "HeavyBuildSide",
         "query \"heavy\" holds",
-        "query \"light\" waits for room: the query furthest over its share gives way and fails",
+        "query \"light\" waited for room: the query furthest over its share gives way and fails",
         "Queries (held against the fair share):",
         "(this request's)",
         "Top memory consumers",

@@ -65,6 +65,7 @@ const USAGE: &str = "usage: cargo bench --bench tpch -- [options]
   --partitions N     target partitions and table partitions (default 2)
   --margin F         MemquotaPool's margin, a fraction of the limit (default: the pool's, 0.2)
   --timeout S        seconds before a case is killed and counted as failed (default 900)
+  --room-wait S      MemquotaPool's wait for room, in seconds (default: the pool's, 2; 0: none)
   --streams N        also N streams of the queries at once in one process at each limit,
                      against each query alone at limit / N (default 1: off)
   --svg FILE         also plot queries completed against the limit, per pool";
@@ -82,6 +83,8 @@ struct Case {
     scale: f64,
     partitions: usize,
     streams: usize,
+    /// MemquotaPool's wait for room; `None`: its default.
+    room_wait: Option<f64>,
 }
 
 /// A figure of /proc/self/status, in bytes.
@@ -108,7 +111,11 @@ fn child(c: &Case) -> Result<()> {
         }
         "memquota" | "memquota-replan" => {
             memquota::init(memquota::Config::new().limit(c.limit)).expect("a valid limit");
-            let p = Arc::new(c.margin.map_or_else(MemquotaPool::new, MemquotaPool::with_margin));
+            let mut p = c.margin.map_or_else(MemquotaPool::new, MemquotaPool::with_margin);
+            if let Some(w) = c.room_wait {
+                p = p.with_room_wait(Duration::from_secs_f64(w));
+            }
+            let p = Arc::new(p);
             memquota_pool = Some(Arc::clone(&p));
             p
         }
@@ -334,6 +341,7 @@ struct Options {
     svg: Option<String>,
     margin: Option<f64>,
     streams: usize,
+    room_wait: Option<f64>,
 }
 
 fn size(s: &str) -> std::result::Result<u64, String> {
@@ -382,6 +390,7 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
         svg: None,
         margin: None,
         streams: 1,
+        room_wait: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -408,6 +417,10 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
             }
             "--timeout" => o.timeout = Duration::from_secs(value()?.parse().map_err(|_| "bad --timeout")?),
             "--svg" => o.svg = Some(value()?),
+            "--room-wait" => {
+                o.room_wait =
+                    Some(value()?.parse::<f64>().ok().filter(|w| *w >= 0.0).ok_or("bad --room-wait")?)
+            }
             "--streams" => {
                 o.streams = value()?.parse::<usize>().ok().filter(|&n| n > 0).ok_or("bad --streams")?
             }
@@ -439,6 +452,7 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
             &o.partitions.to_string(),
             &o.margin.map_or("default".to_owned(), |m| m.to_string()),
             &streams.to_string(),
+            &o.room_wait.map_or("default".to_owned(), |w| w.to_string()),
         ])
         .stdout(std::fs::File::create(&out_path).expect("a temporary file"))
         .stderr(std::fs::File::create(&err_path).expect("a temporary file"))
@@ -546,6 +560,7 @@ fn main() {
             partitions: args[i + 5].parse().expect("partitions"),
             margin: args[i + 6].parse().ok(),
             streams: args.get(i + 7).and_then(|n| n.parse().ok()).unwrap_or(1),
+            room_wait: args.get(i + 8).and_then(|w| w.parse().ok()),
         };
         if let Err(e) = child(&case) {
             println!("status failed");
@@ -678,6 +693,7 @@ fn streams_runs(
         o.partitions,
         o.queries.len(),
         o.margin.map_or(String::new(), |m| format!("; MemquotaPool's margin {m}"))
+            + &o.room_wait.map_or(String::new(), |w| format!("; MemquotaPool's wait for room {w} s"))
     );
     let _ = writeln!(
         s,
