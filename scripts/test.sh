@@ -63,7 +63,8 @@ preload_so="$(realpath -m "${CARGO_TARGET_DIR:-target}")/release/libmemquota.so"
 
 say "DataFusion: memquota-datafusion (integrations/datafusion/, its own package and target dir; DataFusion takes 8-20 minutes to build on 2 cores, once)"
 # Unit tests, the queries under 64/128/256 MiB, a query too big to spill, two at once,
-# and collect_query: a join planned again by sort-merge, a query no plan fits.
+# and collect_query: a join planned again by sort-merge, a query no plan fits; queries at
+# once (tests/concurrent.rs): a light one completes while a heavy one spills or gives way.
 (cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 2400 cargo test --release)
 # The README's DataFusion command runs to its end; a bad limit is a clear error, not a run.
 (cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 300 \

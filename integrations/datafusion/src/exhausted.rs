@@ -1,10 +1,13 @@
 //! The text of a refusal: DataFusion's `ResourcesExhausted` message, with why memquota
-//! refused, the largest consumers (as DataFusion's `TrackConsumersPool` lists them) and
+//! refused, the queries (what each holds against its fair share, and for whom one gives
+//! way), the largest consumers (as DataFusion's `TrackConsumersPool` lists them) and
 //! memquota's report figures (the budget, the queries' scopes, jemalloc's view).
 
 use crate::decide::{Refusal, Request};
+use crate::room::Query;
 use datafusion::execution::memory_pool::{human_readable_size, MemoryConsumer};
 use std::fmt::Write;
+use std::time::Duration;
 
 /// Consumers listed in a refusal.
 const TOP: usize = 5;
@@ -41,12 +44,66 @@ pub(crate) fn top_consumers<'a>(lines: impl Iterator<Item = Line<'a>>) -> String
     out
 }
 
-/// The whole message.
+/// The queries, heaviest past its share first, one a line; `this` is the refused
+/// request's.
+pub(crate) fn queries(all: &[Query], this: Option<u64>) -> String {
+    let mut sorted: Vec<&Query> = all.iter().collect();
+    sorted.sort_by(|a, b| b.over().cmp(&a.over()).then(b.held.cmp(&a.held)).then(a.handle.cmp(&b.handle)));
+    let mut out = String::new();
+    for q in sorted {
+        let _ = writeln!(
+            out,
+            "  query \"{}\" holds {} of its fair share {}{}{}",
+            q.name,
+            size(q.held),
+            size(q.share),
+            if q.over() > 0 { format!(", {} over it", size(q.over())) } else { String::new() },
+            if Some(q.handle) == this { " (this request's)" } else { "" }
+        );
+    }
+    out
+}
+
+fn named(all: &[Query], scope: u64) -> (&str, u64, u64) {
+    all.iter().find(|q| q.handle == scope).map_or(("?", 0, 0), |q| (q.name.as_str(), q.held, q.share))
+}
+
+/// Why a query over its share is refused after `waiter` waited for it: it gives way.
+pub(crate) fn giving_way(all: &[Query], scope: u64, waiter: &str, fails: bool) -> String {
+    let (name, held, share) = named(all, scope);
+    format!(
+        "; query \"{name}\" holds {}, past its fair share of {}, and query \"{waiter}\" waited for \
+         room: {}",
+        size(held),
+        size(share),
+        if fails {
+            "the query furthest over its share gives way and fails"
+        } else {
+            "this spiller is asked to spill"
+        }
+    )
+}
+
+/// Why a query under its share fails after waiting for room.
+pub(crate) fn waited_in_vain(all: &[Query], scope: u64, waited: Duration) -> String {
+    let (name, held, share) = named(all, scope);
+    format!(
+        "; query \"{name}\" (holding {} of its fair share {}) waited {:.1} s for the queries over \
+         their share to make room, in vain",
+        size(held),
+        size(share),
+        waited.as_secs_f64()
+    )
+}
+
+/// The whole message: `note` follows the reason, `queries` comes before the consumers.
 pub(crate) fn message(
     consumer: &MemoryConsumer,
     holds: u64,
     request: &Request,
     why: Refusal,
+    note: &str,
+    queries: &str,
     top: &str,
 ) -> String {
     let mut m = format!(
@@ -83,6 +140,10 @@ pub(crate) fn message(
             if request.can_spill { " this spiller" } else { "" }
         ),
     };
+    m.push_str(note);
+    if !queries.is_empty() {
+        let _ = write!(m, "\nQueries (held against the fair share):\n{}", queries.trim_end_matches('\n'));
+    }
     let _ = write!(m, "\nTop memory consumers (across reservations):\n{top}memquota's figures:\n");
     m.push_str(&memquota::report_now());
     m

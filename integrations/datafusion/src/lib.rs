@@ -28,8 +28,11 @@
 //! # drop(batches); Ok(()) }
 //! ```
 //!
-//! * [`MemquotaPool`]: the pool (see its docs for the decision and its margin), and
-//!   [`disk_manager_builder`], spill files whose reads are charged to the query.
+//! * [`MemquotaPool`]: the pool (see its docs for the decision, its margin, and how
+//!   queries at once make room for each other: a query under its fair share waits,
+//!   bounded, while the one furthest over its share spills or gives way), its counts
+//!   ([`PoolStats`]), and [`disk_manager_builder`], spill files whose reads are charged
+//!   to the query.
 //! * [`run_query`], [`QueryScope`]: a query as a memquota scope, attached on every poll
 //!   of its future and of each task DataFusion spawns for it ([`ScopeTracer`]), so the
 //!   work is charged to its query whichever tokio worker runs it.
@@ -50,11 +53,12 @@ mod exhausted;
 mod pool;
 mod query;
 mod replan;
+mod room;
 mod spill_files;
 
 pub use attach::{in_scope, install_tracer, InScope, ScopeTracer};
 pub use datafusion;
-pub use pool::{MemquotaPool, DEFAULT_MARGIN};
+pub use pool::{MemquotaPool, PoolStats, DEFAULT_MARGIN, DEFAULT_ROOM_WAIT};
 pub use query::{run_query, QueryScope};
 pub use replan::{collect_query, Collected, MAX_RETRIES};
 pub use spill_files::{disk_manager_builder, ScopedSpillFiles};

@@ -3,8 +3,9 @@
 //! on that scope, sizes and peaks for the error message), and decides each `try_grow`
 //! with `decide` over figures read at that moment.
 
-use crate::decide::{decide, Figures, Margin, Request};
+use crate::decide::{decide, Figures, Margin, Refusal, Request};
 use crate::exhausted;
+use crate::room::{self, Room, Waited};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryLimit, MemoryPool, MemoryReservation};
 use memquota::{Enforcement, MemoryManager, Reservation, ScopeHandle};
@@ -12,12 +13,17 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 /// The margin every request leaves under the limit (and under a query's share) for
 /// what DataFusion allocates without reserving it (batches in flight, a spill's sorted
 /// copy, merge buffers being read). Chosen by measurement: at 20% the example's query
 /// peaks at 47-50 MiB tracked under 64 MiB (docs/datafusion.md).
 pub const DEFAULT_MARGIN: f64 = 0.2;
+
+/// How long a request of a query under its fair share waits, at most, for queries over
+/// theirs to make room when the process is short (see [`MemquotaPool`]).
+pub const DEFAULT_ROOM_WAIT: Duration = Duration::from_secs(2);
 
 /// A DataFusion [`MemoryPool`] that decides on what the process really holds.
 ///
@@ -34,8 +40,17 @@ pub const DEFAULT_MARGIN: f64 = 0.2;
 ///   Reservations holding nothing or under 1/32 of the limit go up to the limit:
 ///   refusing them frees little, and some phases cannot spill (a merge's first
 ///   buffers, the replay of spilled aggregates).
+/// * Several queries at once: when the process is short while the requesting query
+///   is under its fair share and another query is over its own, the request waits (at
+///   most [`DEFAULT_ROOM_WAIT`], woken by every release) for the memory that query's
+///   next growth frees: it is refused, being over its share, so its operator spills,
+///   or fails (the query furthest over its share gives way, not the one that asked
+///   last). The waiting thread hands its tokio worker's other tasks on
+///   (`block_in_place`); on a current-thread runtime nothing waits.
 /// * A request that spilling cannot answer and that does not fit fails with
-///   `ResourcesExhausted`, carrying memquota's figures and the largest consumers.
+///   `ResourcesExhausted`, carrying the queries (what each holds against its fair
+///   share, and for whom a query gives way), the largest consumers and memquota's
+///   figures.
 ///
 /// Run each query with [`run_query`](crate::run_query) so it is a memquota scope: its
 /// allocations are then told from other queries', and each query gets its fair share
@@ -57,6 +72,32 @@ pub struct MemquotaPool {
     /// to tell a plan that cannot fit from one that spills.
     unspillable: Mutex<HashMap<u64, u64>>,
     retries: AtomicU64,
+    room: Room,
+    room_wait: Duration,
+}
+
+/// The pool's counts ([`MemquotaPool::stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolStats {
+    /// Requests refused: each one made its operator spill, or failed it.
+    pub refusals: u64,
+    /// Queries run again with a more frugal plan by
+    /// [`collect_query`](crate::collect_query).
+    pub retries: u64,
+    /// Waits that found the query they waited for holding spillable reservations: it
+    /// was asked to spill, at its next growth.
+    pub spill_asks: u64,
+    /// Requests of a query under its fair share that waited for a query over its share
+    /// to make room.
+    pub waits: u64,
+    /// Of those, the waits that ended in room (the request was granted).
+    pub waits_with_room: u64,
+    /// Queries failed as the heaviest: refused, while another query waited for them, a
+    /// request their operator could not answer by spilling.
+    pub heaviest_failed: u64,
+    /// Requests waiting now.
+    pub waiting: u64,
 }
 
 /// Scopes with unspillable refusals kept before those of ended scopes are dropped
@@ -93,6 +134,29 @@ impl MemquotaPool {
             refusals: AtomicU64::new(0),
             unspillable: Mutex::new(HashMap::new()),
             retries: AtomicU64::new(0),
+            room: Room::default(),
+            room_wait: DEFAULT_ROOM_WAIT,
+        }
+    }
+
+    /// The same pool, whose requests wait at most `wait` for queries over their fair
+    /// share to make room ([`DEFAULT_ROOM_WAIT`] by default; zero: never wait).
+    pub fn with_room_wait(mut self, wait: Duration) -> MemquotaPool {
+        self.room_wait = wait;
+        self
+    }
+
+    /// The pool's counts now.
+    pub fn stats(&self) -> PoolStats {
+        let room = self.room.counts();
+        PoolStats {
+            refusals: self.refusals(),
+            retries: self.retries(),
+            spill_asks: room.spill_asks,
+            waits: room.waits,
+            waits_with_room: room.waits_with_room,
+            heaviest_failed: room.heaviest_failed,
+            waiting: room.waiting,
         }
     }
 
@@ -139,6 +203,66 @@ impl MemquotaPool {
         table.entry(consumer.id()).or_insert_with(|| Tracked::new(consumer))
     }
 
+    /// Decides `request` on the figures now and charges it if granted; else why not,
+    /// and the consumer's scope.
+    fn admit(
+        &self,
+        consumer: &MemoryConsumer,
+        request: &Request,
+    ) -> std::result::Result<(), (Option<ScopeHandle>, Refusal)> {
+        let mut table = self.table();
+        let scope = Self::tracked(&mut table, consumer).scope;
+        let account = memquota::process_account();
+        let figures = Figures {
+            headroom: account.headroom,
+            limit: account.limit,
+            scope: scope.and_then(ScopeHandle::account),
+        };
+        decide(&figures, request, self.margin).map_err(|why| (scope, why))?;
+        let t = Self::tracked(&mut table, consumer);
+        if let Some(r) = t.charge.as_mut() {
+            r.grow_unchecked(request.additional);
+        }
+        t.reserved += request.additional;
+        t.peak = t.peak.max(t.reserved);
+        Ok(())
+    }
+
+    /// Waits for room for `request` of `scope`'s query, refused because the process is
+    /// short, when that query is under its fair share and another is over its own (and
+    /// has asked for memory since a wait for it last timed out). `None`: no wait.
+    fn make_room(&self, consumer: &MemoryConsumer, request: &Request, scope: ScopeHandle) -> Option<Waited> {
+        if self.room_wait.is_zero() || !can_block() {
+            return None;
+        }
+        let queries = room::queries();
+        let me = queries.iter().find(|q| q.handle == scope.as_raw())?;
+        if me.held.saturating_add(request.additional) > me.share {
+            return None;
+        }
+        let heavy = room::heaviest(&queries, scope.as_raw())?;
+        if self.room.is_unanswered(heavy.handle) {
+            return None;
+        }
+        let spill = self.holds_spillable(heavy.handle);
+        let wait = || {
+            self.room
+                .wait(heavy.handle, &me.name, spill, self.room_wait, || self.admit(consumer, request).is_ok())
+        };
+        Some(match tokio::runtime::Handle::try_current() {
+            // The worker's other tasks (the heavy query's, maybe) go on elsewhere.
+            Ok(_) => tokio::task::block_in_place(wait),
+            Err(_) => wait(),
+        })
+    }
+
+    /// Whether `scope`'s query holds a spillable reservation.
+    fn holds_spillable(&self, scope: u64) -> bool {
+        self.table()
+            .values()
+            .any(|t| t.can_spill && t.reserved > 0 && t.scope.map(ScopeHandle::as_raw) == Some(scope))
+    }
+
     fn charge(&self, reservation: &MemoryReservation, bytes: u64) {
         let mut table = self.table();
         let t = Self::tracked(&mut table, reservation.consumer());
@@ -178,6 +302,8 @@ impl fmt::Debug for MemquotaPool {
             .field("reserved", &self.reserved())
             .field("refusals", &self.refusals())
             .field("retries", &self.retries())
+            .field("room_wait", &self.room_wait)
+            .field("stats", &self.stats())
             .finish_non_exhaustive()
     }
 }
@@ -202,6 +328,7 @@ impl MemoryPool for MemquotaPool {
         // Its memquota reservation is dropped (released) outside the lock.
         let gone = self.table().remove(&consumer.id());
         drop(gone);
+        self.room.released();
     }
 
     fn grow(&self, reservation: &MemoryReservation, additional: usize) {
@@ -218,6 +345,7 @@ impl MemoryPool for MemquotaPool {
             }
             t.reserved = t.reserved.saturating_sub(bytes);
         }
+        self.room.released();
     }
 
     fn try_grow(&self, reservation: &MemoryReservation, additional: usize) -> Result<()> {
@@ -229,48 +357,62 @@ impl MemoryPool for MemquotaPool {
             can_spill: consumer.can_spill(),
             held_by_reservation: reservation.size() as u64,
         };
-        let mut table = self.table();
-        let scope = Self::tracked(&mut table, consumer).scope;
-        let account = memquota::process_account();
-        let figures = Figures {
-            headroom: account.headroom,
-            limit: account.limit,
-            scope: scope.and_then(ScopeHandle::account),
-        };
-        match decide(&figures, &request, self.margin) {
-            Ok(()) => {
-                let t = Self::tracked(&mut table, consumer);
-                if let Some(r) = t.charge.as_mut() {
-                    r.grow_unchecked(request.additional);
-                }
-                t.reserved += request.additional;
-                t.peak = t.peak.max(t.reserved);
-                Ok(())
-            }
-            Err(why) => {
-                self.refusals.fetch_add(1, Relaxed);
-                let top = exhausted::top_consumers(table.iter().map(|(id, t)| exhausted::Line {
-                    id: *id,
-                    name: &t.name,
-                    can_spill: t.can_spill,
-                    reserved: t.reserved,
-                    peak: t.peak,
-                }));
-                drop(table);
-                // A spiller holding nothing has nothing to spill: its refusal fails
-                // its operator as an unspillable one's does.
-                if let (true, Some(scope)) = (!request.can_spill || request.held_by_reservation == 0, scope) {
-                    self.note_unspillable_refusal(scope);
-                }
-                Err(DataFusionError::ResourcesExhausted(exhausted::message(
-                    consumer,
-                    reservation.size() as u64,
-                    &request,
-                    why,
-                    &top,
-                )))
+        if self.room.any_unanswered() {
+            // A query a wait timed out on asks again: it may be waited for again.
+            let scope = self.table().get(&consumer.id()).and_then(|t| t.scope);
+            if let Some(scope) = scope {
+                self.room.asking(scope.as_raw());
             }
         }
+        let (scope, why) = match self.admit(consumer, &request) {
+            Ok(()) => return Ok(()),
+            Err(refused) => refused,
+        };
+        // The process is short while the query may still grow: make room first.
+        let mut waited = None;
+        if let (Refusal::Process { .. }, Some(scope)) = (why, scope) {
+            match self.make_room(consumer, &request, scope) {
+                Some(Waited::Room) => return Ok(()),
+                Some(Waited::InVain(d)) => waited = Some(d),
+                None => {}
+            }
+        }
+        self.refusals.fetch_add(1, Relaxed);
+        let top = {
+            let table = self.table();
+            exhausted::top_consumers(table.iter().map(|(id, t)| exhausted::Line {
+                id: *id,
+                name: &t.name,
+                can_spill: t.can_spill,
+                reserved: t.reserved,
+                peak: t.peak,
+            }))
+        };
+        // A spiller holding nothing has nothing to spill: its refusal fails its
+        // operator as an unspillable one's does.
+        let fails = !request.can_spill || request.held_by_reservation == 0;
+        let queries = room::queries();
+        let this = scope.map(ScopeHandle::as_raw);
+        let mut note = String::new();
+        if let Some(scope) = scope {
+            if fails {
+                self.note_unspillable_refusal(scope);
+            }
+            if let Some(waiter) = self.room.take_mark(scope.as_raw(), fails) {
+                note = exhausted::giving_way(&queries, scope.as_raw(), &waiter, fails);
+            } else if let Some(d) = waited {
+                note = exhausted::waited_in_vain(&queries, scope.as_raw(), d);
+            }
+        }
+        Err(DataFusionError::ResourcesExhausted(exhausted::message(
+            consumer,
+            reservation.size() as u64,
+            &request,
+            why,
+            &note,
+            &exhausted::queries(&queries, this),
+            &top,
+        )))
     }
 
     fn reserved(&self) -> usize {
@@ -282,5 +424,15 @@ impl MemoryPool for MemquotaPool {
             u64::MAX => MemoryLimit::Infinite,
             limit => MemoryLimit::Finite(limit as usize),
         }
+    }
+}
+
+/// Whether the calling thread may block waiting for room: not on a current-thread
+/// runtime, whose one thread runs the queries that would make it (and where tokio's
+/// `block_in_place` panics).
+fn can_block() -> bool {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) => h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread,
+        Err(_) => true,
     }
 }

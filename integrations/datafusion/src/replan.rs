@@ -111,9 +111,12 @@ pub async fn collect_query(name: &str, df: DataFrame) -> Result<Collected> {
         let rung = &rungs[i];
         let state = match i {
             0 => state.clone(),
-            _ => {
-                SessionStateBuilder::new_from_existing(state.clone()).with_config(rung.config.clone()).build()
-            }
+            // The retry's state shares the session's catalogs: with the session's own
+            // config it would register a new, empty default catalog over them, and
+            // every later query of the session would find no table.
+            _ => SessionStateBuilder::new_from_existing(state.clone())
+                .with_config(rung.config.clone().with_create_default_catalog_and_schema(false))
+                .build(),
         };
         let scope = QueryScope::begin(&match i {
             0 => name.to_owned(),

@@ -37,6 +37,8 @@ const MIB: u64 = 1 << 20;
 /// table's) cannot fit 64 MiB, and of one that fits.
 const BIG_JOIN_ROWS: u64 = 8_000_000;
 const SMALL_JOIN_ROWS: u64 = 500_000;
+/// Rows of the table the session knows by name.
+const NAMED_ROWS: u64 = 1000;
 
 /// The operators of a plan, by name, once each.
 fn operators(plan: &dyn ExecutionPlan, out: &mut Vec<String>) {
@@ -84,6 +86,8 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
             print_rows("", &out.rows);
         }
         "joins-replanned" => {
+            // A table by name: the session's catalog must outlive the retries' plans.
+            ctx.register_table("named", workload::table(NAMED_ROWS, workload::PARTITIONS, ("v", "s"))?)?;
             for (key, rows) in [("small", SMALL_JOIN_ROWS), ("big", BIG_JOIN_ROWS)] {
                 let done = runtime.block_on(collect_query(key, workload::big_join(&ctx, rows)?))?;
                 println!("{key}-count {}", workload::number(&done.batches));
@@ -91,6 +95,12 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
                 let mut names = Vec::new();
                 operators(done.plan.as_ref(), &mut names);
                 println!("{key}-plan {}", names.join(","));
+            }
+            let named =
+                runtime.block_on(async { ctx.sql("SELECT count(*) FROM named").await?.collect().await });
+            match named {
+                Ok(batches) => println!("named-count {}", workload::number(&batches)),
+                Err(e) => println!("named-error {}", e.to_string().replace('\n', " | ")),
             }
         }
         "unfittable-then-group-by" => {
@@ -245,6 +255,12 @@ fn a_join_too_big_to_build_completes_by_sort_merge(_: &[Row]) {
         plan.contains("SortMergeJoinExec") && !plan.contains("HashJoinExec"),
         "the big join ran as a sort-merge join: {plan}"
     );
+    assert_eq!(
+        seen.all("named-count"),
+        [NAMED_ROWS.to_string()],
+        "the session still knows its tables after a retry\n{}",
+        seen.text
+    );
     let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
     assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
@@ -255,9 +271,13 @@ fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &
     let message = seen.all("message").join("\n");
     // The last plan's scope is the query, named with its retry; CrossJoinExec held
     // what there was.
-    for part in
-        ["CrossJoinExec", "Top memory consumers", "scope \"cross join (retry 2: sort-merge, small batches)\""]
-    {
+    for part in [
+        "CrossJoinExec",
+        "Top memory consumers",
+        "scope \"cross join (retry 2: sort-merge, small batches)\"",
+        "query \"cross join (retry 2: sort-merge, small batches)\" holds",
+        "(this request's)",
+    ] {
         assert!(message.contains(part), "no {part:?} in the message:\n{message}");
     }
     assert_eq!(seen.num("pool-retries"), 2, "every plan tried\n{}", seen.text);

@@ -14,6 +14,11 @@
 //! Per query and configuration: completed or why not, peak RSS / L, wall time,
 //! spills, and the retries `collect_query` made. Printed as markdown
 //! tables; `--svg FILE` also plots queries completed against the limit per pool.
+//!
+//! `--streams N`: N streams of the queries at once in one process at each limit (a
+//! server: one runtime, one pool, each stream the queries in its own rotated order),
+//! against each query alone at L / N: which completed in the streams, which failed
+//! there though they complete alone at L / N, and the process's peak RSS.
 
 #[path = "data.rs"]
 mod data;
@@ -60,6 +65,9 @@ const USAGE: &str = "usage: cargo bench --bench tpch -- [options]
   --partitions N     target partitions and table partitions (default 2)
   --margin F         MemquotaPool's margin, a fraction of the limit (default: the pool's, 0.2)
   --timeout S        seconds before a case is killed and counted as failed (default 900)
+  --room-wait S      MemquotaPool's wait for room, in seconds (default: the pool's, 2; 0: none)
+  --streams N        also N streams of the queries at once in one process at each limit,
+                     against each query alone at limit / N (default 1: off)
   --svg FILE         also plot queries completed against the limit, per pool";
 
 // ---- the child: one query under one configuration, figures on stdout --------------
@@ -70,9 +78,13 @@ struct Case {
     margin: Option<f64>,
     /// 0: no limit.
     limit: u64,
-    query: usize,
+    /// One query, or with `streams` > 1 each stream's list (rotated per stream).
+    queries: Vec<usize>,
     scale: f64,
     partitions: usize,
+    streams: usize,
+    /// MemquotaPool's wait for room; `None`: its default.
+    room_wait: Option<f64>,
 }
 
 /// A figure of /proc/self/status, in bytes.
@@ -99,7 +111,11 @@ fn child(c: &Case) -> Result<()> {
         }
         "memquota" | "memquota-replan" => {
             memquota::init(memquota::Config::new().limit(c.limit)).expect("a valid limit");
-            let p = Arc::new(c.margin.map_or_else(MemquotaPool::new, MemquotaPool::with_margin));
+            let mut p = c.margin.map_or_else(MemquotaPool::new, MemquotaPool::with_margin);
+            if let Some(w) = c.room_wait {
+                p = p.with_room_wait(Duration::from_secs_f64(w));
+            }
+            let p = Arc::new(p);
             memquota_pool = Some(Arc::clone(&p));
             p
         }
@@ -111,25 +127,13 @@ fn child(c: &Case) -> Result<()> {
     }
     let ctx = SessionContext::new_with_config_rt(config, rt.build_arc()?);
     data::register(&ctx, c.scale, c.partitions)?;
-    let sql = queries::query(c.query, c.scale);
-    let name = format!("TPC-H q{}", c.query);
     println!("idle {}", proc_status("VmRSS:"));
+    if c.streams > 1 {
+        return streams(c, &runtime, &ctx, memquota_pool.as_deref());
+    }
+    let q = c.queries[0];
     let started = Instant::now();
-    let plain = async {
-        let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
-        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
-        Ok::<_, DataFusionError>((batches, plan))
-    };
-    let out = runtime.block_on(async {
-        match c.pool.as_str() {
-            "memquota" => run_query(&name, plain).await,
-            "memquota-replan" => {
-                let done = collect_query(&name, ctx.sql(&sql).await?).await?;
-                Ok((done.batches, done.plan))
-            }
-            _ => plain.await,
-        }
-    });
+    let out = runtime.block_on(run_one(&ctx, &c.pool, &queries::query(q, c.scale), &format!("TPC-H q{q}")));
     let wall = started.elapsed();
     match out {
         Ok((batches, plan)) => {
@@ -153,6 +157,79 @@ fn child(c: &Case) -> Result<()> {
     if let Some(p) = memquota_pool {
         println!("retries {}", p.retries());
         println!("refusals {}", p.refusals());
+    }
+    Ok(())
+}
+
+/// One query under `pool`'s way of running it: plain, `run_query`, or `collect_query`.
+async fn run_one(
+    ctx: &SessionContext,
+    pool: &str,
+    sql: &str,
+    name: &str,
+) -> Result<(Vec<RecordBatch>, Arc<dyn ExecutionPlan>)> {
+    let plain = async {
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+        Ok::<_, DataFusionError>((batches, plan))
+    };
+    match pool {
+        "memquota" => run_query(name, plain).await,
+        "memquota-replan" => {
+            let done = collect_query(name, ctx.sql(sql).await?).await?;
+            Ok((done.batches, done.plan))
+        }
+        _ => plain.await,
+    }
+}
+
+/// `c.streams` streams of `c.queries` at once on one runtime, stream `s` starting at
+/// the `s * n / streams`-th query; a line `result STREAM QUERY ...` per query run.
+fn streams(
+    c: &Case,
+    runtime: &tokio::runtime::Runtime,
+    ctx: &SessionContext,
+    pool: Option<&MemquotaPool>,
+) -> Result<()> {
+    let started = Instant::now();
+    let n = c.queries.len();
+    let tasks: Vec<_> = (0..c.streams)
+        .map(|s| {
+            let (ctx, pool, scale) = (ctx.clone(), c.pool.clone(), c.scale);
+            let order: Vec<usize> = (0..n).map(|i| c.queries[(i + s * n / c.streams) % n]).collect();
+            runtime.spawn(async move {
+                let mut lines = Vec::new();
+                for q in order {
+                    let t = Instant::now();
+                    let out =
+                        run_one(&ctx, &pool, &queries::query(q, scale), &format!("stream {s} q{q}")).await;
+                    let wall = t.elapsed().as_secs_f64();
+                    lines.push(match out.and_then(|(b, plan)| Ok((digest(&b)?, spills(plan.as_ref())))) {
+                        Ok(((rows, hash), sp)) => format!("result {s} {q} ok {wall} {rows} {hash:016x} {sp}"),
+                        Err(e) => format!(
+                            "result {s} {q} failed {wall} {}",
+                            short_reason(&e.find_root().to_string())
+                        ),
+                    });
+                }
+                lines
+            })
+        })
+        .collect();
+    for t in tasks {
+        for line in runtime.block_on(t).map_err(|e| DataFusionError::External(Box::new(e)))? {
+            println!("{line}");
+        }
+    }
+    println!("wall {}", started.elapsed().as_secs_f64());
+    println!("rss {}", proc_status("VmHWM:"));
+    if let Some(p) = pool {
+        let s = p.stats();
+        println!("retries {}", s.retries);
+        println!("refusals {}", s.refusals);
+        println!("waits {}", s.waits);
+        println!("waits-with-room {}", s.waits_with_room);
+        println!("heaviest-failed {}", s.heaviest_failed);
     }
     Ok(())
 }
@@ -210,6 +287,47 @@ struct Run {
     wall: f64,
     spills: u64,
     retries: u64,
+    /// With streams: each query run, and the pool's waits.
+    results: Vec<StreamResult>,
+    waits: u64,
+    waits_with_room: u64,
+    heaviest_failed: u64,
+}
+
+/// One query run of a stream.
+#[derive(Clone, Debug, Default)]
+struct StreamResult {
+    stream: usize,
+    query: usize,
+    ok: bool,
+    wall: f64,
+    rows: u64,
+    hash: String,
+    why: String,
+}
+
+impl StreamResult {
+    /// `STREAM QUERY ok WALL ROWS HASH SPILLS` or `STREAM QUERY failed WALL WHY`.
+    fn parse(line: &str) -> Option<StreamResult> {
+        let mut p = line.splitn(5, ' ');
+        let (stream, query, status, wall) = (p.next()?, p.next()?, p.next()?, p.next()?);
+        let rest = p.next().unwrap_or_default();
+        let mut r = StreamResult {
+            stream: stream.parse().ok()?,
+            query: query.parse().ok()?,
+            ok: status == "ok",
+            wall: wall.parse().ok()?,
+            ..StreamResult::default()
+        };
+        if r.ok {
+            let mut f = rest.split(' ');
+            r.rows = f.next()?.parse().ok()?;
+            r.hash = f.next()?.to_owned();
+        } else {
+            r.why = rest.to_owned();
+        }
+        Some(r)
+    }
 }
 
 struct Options {
@@ -222,6 +340,8 @@ struct Options {
     timeout: Duration,
     svg: Option<String>,
     margin: Option<f64>,
+    streams: usize,
+    room_wait: Option<f64>,
 }
 
 fn size(s: &str) -> std::result::Result<u64, String> {
@@ -269,6 +389,8 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
         timeout: Duration::from_secs(900),
         svg: None,
         margin: None,
+        streams: 1,
+        room_wait: None,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -295,6 +417,13 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
             }
             "--timeout" => o.timeout = Duration::from_secs(value()?.parse().map_err(|_| "bad --timeout")?),
             "--svg" => o.svg = Some(value()?),
+            "--room-wait" => {
+                o.room_wait =
+                    Some(value()?.parse::<f64>().ok().filter(|w| *w >= 0.0).ok_or("bad --room-wait")?)
+            }
+            "--streams" => {
+                o.streams = value()?.parse::<usize>().ok().filter(|&n| n > 0).ok_or("bad --streams")?
+            }
             "--margin" => {
                 o.margin = Some(
                     value()?.parse::<f64>().ok().filter(|m| (0.0..0.9).contains(m)).ok_or("bad --margin")?,
@@ -309,8 +438,8 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
     Ok(o)
 }
 
-/// Runs one case in a child process.
-fn run(o: &Options, pool: &str, limit: u64, query: usize) -> Run {
+/// Runs one case in a child process: one query, or `streams` streams of `queries`.
+fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -> Run {
     let dir = std::env::temp_dir();
     let (out_path, err_path) = (dir.join("memquota-tpch-child.out"), dir.join("memquota-tpch-child.err"));
     let spawned = Command::new(std::env::current_exe().expect("this binary"))
@@ -318,10 +447,12 @@ fn run(o: &Options, pool: &str, limit: u64, query: usize) -> Run {
             "--child",
             pool,
             &limit.to_string(),
-            &query.to_string(),
+            &queries.iter().map(|q| q.to_string()).collect::<Vec<_>>().join(","),
             &o.scale.to_string(),
             &o.partitions.to_string(),
             &o.margin.map_or("default".to_owned(), |m| m.to_string()),
+            &streams.to_string(),
+            &o.room_wait.map_or("default".to_owned(), |w| w.to_string()),
         ])
         .stdout(std::fs::File::create(&out_path).expect("a temporary file"))
         .stderr(std::fs::File::create(&err_path).expect("a temporary file"))
@@ -357,6 +488,10 @@ fn run(o: &Options, pool: &str, limit: u64, query: usize) -> Run {
         wall: num("wall"),
         spills: num("spills") as u64,
         retries: num("retries") as u64,
+        results: stdout.lines().filter_map(|l| StreamResult::parse(l.strip_prefix("result ")?)).collect(),
+        waits: num("waits") as u64,
+        waits_with_room: num("waits-with-room") as u64,
+        heaviest_failed: num("heaviest-failed") as u64,
     };
     match status {
         None => {
@@ -420,10 +555,12 @@ fn main() {
         let case = Case {
             pool,
             limit: args[i + 2].parse().expect("a limit in bytes"),
-            query: args[i + 3].parse().expect("a query number"),
+            queries: args[i + 3].split(',').map(|q| q.parse().expect("a query number")).collect(),
             scale: args[i + 4].parse().expect("a scale factor"),
             partitions: args[i + 5].parse().expect("partitions"),
             margin: args[i + 6].parse().ok(),
+            streams: args.get(i + 7).and_then(|n| n.parse().ok()).unwrap_or(1),
+            room_wait: args.get(i + 8).and_then(|w| w.parse().ok()),
         };
         if let Err(e) = child(&case) {
             println!("status failed");
@@ -444,7 +581,10 @@ fn main() {
     } else {
         o.fractions.iter().map(|&f| Limit::Fraction(f)).collect()
     };
-    let total = o.queries.len() * (1 + limits.len() * o.pools.len());
+    let total = match o.streams {
+        1 => o.queries.len() * (1 + limits.len() * o.pools.len()),
+        _ => o.queries.len() + limits.len() * o.pools.len() * (o.queries.len() + 1),
+    };
     let started = Instant::now();
     let mut done = 0usize;
     let mut progress = |what: &str, r: &Run| {
@@ -465,9 +605,13 @@ fn main() {
     // The unbounded runs: the expected results and each query's peak.
     let mut unbounded = BTreeMap::new();
     for &q in &o.queries {
-        let r = run(&o, "unbounded", 0, q);
+        let r = run(&o, "unbounded", 0, &[q], 1);
         progress(&format!("q{q} unbounded"), &r);
         unbounded.insert(q, r);
+    }
+    if o.streams > 1 {
+        streams_runs(&o, &limits, &unbounded, &mut progress);
+        return;
     }
     // results[limit][pool][query]
     let mut results: Vec<AtLimit> = Vec::new();
@@ -478,11 +622,7 @@ fn main() {
             for &q in &o.queries {
                 let base = &unbounded[&q];
                 let l = limit.of(base.rss);
-                let mut r = run(&o, pool, l, q);
-                if r.ok && (!base.ok || r.hash != base.hash || r.rows != base.rows) {
-                    r.ok = false;
-                    r.why = if base.ok { "wrong result".into() } else { "no unbounded result".into() };
-                }
+                let r = checked(run(&o, pool, l, &[q], 1), base);
                 progress(&format!("q{q} {pool} at {} MiB", mib(l)), &r);
                 by_query.insert(q, (l, r));
             }
@@ -525,6 +665,91 @@ fn main() {
             Err(e) => eprintln!("cannot write {path}: {e}"),
         }
     }
+}
+
+/// Whether `r` completed with the unbounded run's result.
+fn checked(mut r: Run, base: &Run) -> Run {
+    if r.ok && (!base.ok || r.hash != base.hash || r.rows != base.rows) {
+        r.ok = false;
+        r.why = if base.ok { "wrong result".into() } else { "no unbounded result".into() };
+    }
+    r
+}
+
+/// `--streams N`: at each limit and pool, each query alone at L / N, then the N
+/// streams at once at L; a markdown table of both.
+fn streams_runs(
+    o: &Options,
+    limits: &[Limit],
+    unbounded: &BTreeMap<usize, Run>,
+    progress: &mut dyn FnMut(&str, &Run),
+) {
+    let n = o.streams;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nTPC-H SF {}, {} partitions, {} queries: {n} streams at once in one process at L (each stream the queries in its own rotated order), against each query alone at L / {n} in a process of its own; peak RSS is the process's (VmHWM){}\n",
+        o.scale,
+        o.partitions,
+        o.queries.len(),
+        o.margin.map_or(String::new(), |m| format!("; MemquotaPool's margin {m}"))
+            + &o.room_wait.map_or(String::new(), |w| format!("; MemquotaPool's wait for room {w} s"))
+    );
+    let _ = writeln!(
+        s,
+        "| limit | pool | alone at L / {n}: completed | in {n} streams: completed | failed in the streams, complete alone | peak RSS / L | (peak - idle RSS) / L | wall | waits (ended in room) | gave way | retries |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for &limit in limits {
+        for pool in &o.pools {
+            let mut alone = BTreeMap::new();
+            for &q in &o.queries {
+                let l = limit.of(unbounded[&q].rss) / n as u64;
+                let r = checked(run(o, pool, l, &[q], 1), &unbounded[&q]);
+                progress(&format!("q{q} {pool} alone at {} MiB", mib(l)), &r);
+                alone.insert(q, r.ok);
+            }
+            // One process for all the streams: a fraction limit takes the largest peak.
+            let l = o.queries.iter().map(|q| limit.of(unbounded[q].rss)).max().unwrap_or(0);
+            let r = run(o, pool, l, &o.queries, n);
+            let mut failed_here = Vec::new();
+            let mut ok = 0;
+            for res in &r.results {
+                let base = &unbounded[&res.query];
+                let good = res.ok && base.ok && res.hash == base.hash && res.rows == base.rows;
+                ok += usize::from(good);
+                if !good && alone.get(&res.query) == Some(&true) {
+                    let why = if res.ok { "wrong result" } else { res.why.as_str() };
+                    failed_here.push(format!("q{} (stream {}: {why})", res.query, res.stream));
+                }
+            }
+            let summary = Run {
+                ok: r.ok || r.results.len() == o.queries.len() * n,
+                why: if r.results.len() < o.queries.len() * n { r.why.clone() } else { String::new() },
+                ..r.clone()
+            };
+            progress(&format!("{n} streams {pool} at {} MiB", mib(l)), &summary);
+            let _ = writeln!(
+                s,
+                "| {} | {pool} | {} of {} | {ok} of {}{} | {} | {:.2} | {:.2} | {:.1} s (longest query {:.1} s) | {} ({}) | {} | {} |",
+                limit.label(),
+                alone.values().filter(|&&ok| ok).count(),
+                alone.len(),
+                o.queries.len() * n,
+                if summary.why.is_empty() { String::new() } else { format!(" ({})", summary.why) },
+                if failed_here.is_empty() { "none".to_owned() } else { failed_here.join(", ") },
+                r.rss as f64 / l as f64,
+                r.rss.saturating_sub(r.idle) as f64 / l as f64,
+                r.wall,
+                r.results.iter().map(|x| x.wall).fold(0.0, f64::max),
+                r.waits,
+                r.waits_with_room,
+                r.heaviest_failed,
+                r.retries,
+            );
+        }
+    }
+    print!("{s}");
 }
 
 /// The markdown tables: a summary per limit and pool, then each query.
