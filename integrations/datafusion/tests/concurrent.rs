@@ -18,15 +18,16 @@
 //! * a query that cannot fit at all, alone, fails at once with an error naming it and
 //!   what holds the memory, and the next query on the same runtime completes.
 
+mod harness;
 #[path = "../examples/query/workload.rs"]
 mod workload;
 
+use harness::Seen;
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
 use memquota_datafusion::datafusion::execution::memory_pool::{
     MemoryConsumer, MemoryPool, MemoryReservation,
 };
 use memquota_datafusion::{run_query, MemquotaPool};
-use std::process::Command;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -203,45 +204,11 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
 // ---- the parent ---------------------------------------------------------------------
 
 /// What a child printed: its lines by first word.
-struct Seen {
-    lines: Vec<(String, String)>,
-    text: String,
-}
-
-impl Seen {
-    fn all(&self, key: &str) -> Vec<&str> {
-        self.lines.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect()
-    }
-
-    fn one(&self, key: &str) -> &str {
-        self.all(key).first().copied().unwrap_or_else(|| panic!("no {key}:\n{}", self.text))
-    }
-
-    fn num(&self, key: &str) -> u64 {
-        self.one(key).parse().unwrap_or_else(|_| panic!("no figure {key}:\n{}", self.text))
-    }
-
-    fn message(&self, key: &str) -> String {
-        self.all(&format!("{key}-message")).join("\n")
-    }
-}
-
 fn run_child(case: &str) -> Seen {
-    let started = Instant::now();
-    let out = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--case", case, &LIMIT_MIB.to_string()])
-        .output()
-        .expect("the child runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "case {case}: {}\n{text}", out.status);
-    let lines = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
-    let seen = Seen { lines, text };
+    let (seen, took) = harness::run_child(case, LIMIT_MIB);
     println!(
         "  {case} at {LIMIT_MIB} MiB: {:.1} s, tracked peak {:.1} MiB, RSS peak {:.1} MiB, {} waits ({} ended in room), {} refusals",
-        started.elapsed().as_secs_f64(),
+        took.as_secs_f64(),
         seen.num("native-peak") as f64 / MIB as f64,
         seen.num("rss-peak") as f64 / MIB as f64,
         seen.num("waits"),
@@ -311,51 +278,21 @@ fn a_query_that_cannot_fit_fails_naming_it_and_the_next_runs() {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--case") {
-        let limit = args.get(i + 2).and_then(|l| l.parse().ok()).expect("--case NAME LIMIT_MIB");
-        if let Err(e) = child(&args[i + 1], limit) {
-            eprintln!("case failed: {e}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    let checks: [(&str, fn()); 3] = [
-        (
-            "the_heavy_query_spills_and_the_light_one_completes",
-            the_heavy_query_spills_and_the_light_one_completes,
-        ),
-        (
-            "the_heavy_query_gives_way_and_the_light_one_completes",
-            the_heavy_query_gives_way_and_the_light_one_completes,
-        ),
-        (
-            "a_query_that_cannot_fit_fails_naming_it_and_the_next_runs",
-            a_query_that_cannot_fit_fails_naming_it_and_the_next_runs,
-        ),
-    ];
-    let filter: Vec<&String> = args.iter().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let (mut ran, mut failed) = (0, 0);
-    for (name, check) in checks {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        ran += 1;
-        let started = Instant::now();
-        let ok = std::panic::catch_unwind(check).is_ok();
-        println!(
-            "test {name} ... {} ({} ms)",
-            if ok { "ok" } else { "FAILED" },
-            started.elapsed().as_millis()
-        );
-        failed += usize::from(!ok);
-    }
-    println!(
-        "\ntest result: {}. {} passed; {failed} failed",
-        if failed == 0 { "ok" } else { "FAILED" },
-        ran - failed
+    harness::main(
+        child,
+        &[
+            (
+                "the_heavy_query_spills_and_the_light_one_completes",
+                &the_heavy_query_spills_and_the_light_one_completes,
+            ),
+            (
+                "the_heavy_query_gives_way_and_the_light_one_completes",
+                &the_heavy_query_gives_way_and_the_light_one_completes,
+            ),
+            (
+                "a_query_that_cannot_fit_fails_naming_it_and_the_next_runs",
+                &a_query_that_cannot_fit_fails_naming_it_and_the_next_runs,
+            ),
+        ],
     );
-    if failed > 0 {
-        std::process::exit(101);
-    }
 }

@@ -17,15 +17,15 @@
 //! Defaults a user gets: `MemquotaPool::new()`, DataFusion's default session settings
 //! (but the 2 target partitions of the example), memquota's defaults but the limit.
 
+mod harness;
 #[path = "../examples/query/workload.rs"]
 mod workload;
 
+use harness::Seen;
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
 use memquota_datafusion::datafusion::physical_plan::ExecutionPlan;
 use memquota_datafusion::{collect_query, run_query, MemquotaPool, QueryScope};
-use std::process::Command;
 use std::sync::Arc;
-use std::time::Instant;
 use workload::Row;
 
 #[global_allocator]
@@ -149,42 +149,11 @@ fn print_rows(prefix: &str, rows: &[Row]) {
 // ---- the parent ---------------------------------------------------------------------
 
 /// What a child printed: its lines by first word.
-struct Seen {
-    lines: Vec<(String, String)>,
-    text: String,
-}
-
-impl Seen {
-    fn all(&self, key: &str) -> Vec<&str> {
-        self.lines.iter().filter(|(k, _)| k == key).map(|(_, v)| v.as_str()).collect()
-    }
-
-    fn num(&self, key: &str) -> u64 {
-        let v = self.all(key);
-        v.first().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no figure {key}:\n{}", self.text))
-    }
-
-    fn rows(&self, key: &str) -> Vec<Row> {
-        self.all(key).iter().map(|r| r.parse().expect("a row")).collect()
-    }
-}
-
 fn run_child(case: &str, limit_mib: u64) -> Seen {
-    let started = Instant::now();
-    let out = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["--case", case, &limit_mib.to_string()])
-        .output()
-        .expect("the child runs");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "case {case} at {limit_mib} MiB: {}\n{text}", out.status);
-    let lines = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
-    let seen = Seen { lines, text };
+    let (seen, took) = harness::run_child(case, limit_mib);
     println!(
         "  {case} at {limit_mib} MiB: {:.1} s, tracked peak {:.1} MiB, RSS peak {:.1} MiB, {} refusals",
-        started.elapsed().as_secs_f64(),
+        took.as_secs_f64(),
         seen.num("native-peak") as f64 / MIB as f64,
         seen.num("rss-peak") as f64 / MIB as f64,
         seen.num("refusals"),
@@ -195,7 +164,7 @@ fn run_child(case: &str, limit_mib: u64) -> Seen {
 fn the_query_under_64_128_and_256_mib(expected: &[Row]) {
     for limit_mib in [64, 128, 256] {
         let seen = run_child("group-by", limit_mib);
-        assert_eq!(seen.rows("row"), expected, "at {limit_mib} MiB");
+        assert_eq!(seen.parsed::<Row>("row"), expected, "at {limit_mib} MiB");
         let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
         assert!(
             peak <= limit_mib * MIB + bound,
@@ -215,7 +184,7 @@ fn a_query_that_cannot_spill_enough_fails_and_the_next_runs(expected: &[Row]) {
     for part in ["HashJoinInput", "memquota: ", "Top memory consumers", "  limit ", "scope \"join\""] {
         assert!(message.contains(part), "no {part:?} in the message:\n{message}");
     }
-    assert_eq!(seen.rows("row"), expected, "the next query");
+    assert_eq!(seen.parsed::<Row>("row"), expected, "the next query");
     let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
     assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
@@ -226,7 +195,7 @@ fn two_queries_at_once_share_the_budget(expected: &[Row]) {
     assert_eq!(share, 64 * MIB, "two scopes share 128 MiB");
     let bound = seen.num("error-bound");
     for name in ["a", "b"] {
-        assert_eq!(seen.rows(&format!("row{name}")), expected, "query {name}");
+        assert_eq!(seen.parsed::<Row>(&format!("row{name}")), expected, "query {name}");
         let peak = seen.num(&format!("peak-{name}"));
         println!(
             "  query {name} peaked at {:.1} MiB of its {} MiB share",
@@ -281,61 +250,27 @@ fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &
         assert!(message.contains(part), "no {part:?} in the message:\n{message}");
     }
     assert_eq!(seen.num("pool-retries"), 2, "every plan tried\n{}", seen.text);
-    assert_eq!(seen.rows("row"), expected, "the next query");
+    assert_eq!(seen.parsed::<Row>("row"), expected, "the next query");
     let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
     assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
 
-/// A check, given the expected rows.
-type Check = fn(&[Row]);
-
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--case") {
-        let limit = args.get(i + 2).and_then(|l| l.parse().ok()).expect("--case NAME LIMIT_MIB");
-        if let Err(e) = child(&args[i + 1], limit) {
-            eprintln!("case failed: {e}");
-            std::process::exit(1);
-        }
-        return;
-    }
     let expected = workload::expected(workload::ROWS);
-    let checks: [(&str, Check); 5] = [
-        ("the_query_under_64_128_and_256_mib", the_query_under_64_128_and_256_mib),
-        (
-            "a_query_that_cannot_spill_enough_fails_and_the_next_runs",
-            a_query_that_cannot_spill_enough_fails_and_the_next_runs,
-        ),
-        ("two_queries_at_once_share_the_budget", two_queries_at_once_share_the_budget),
-        ("a_join_too_big_to_build_completes_by_sort_merge", a_join_too_big_to_build_completes_by_sort_merge),
-        (
-            "a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs",
-            a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs,
-        ),
-    ];
-    let filter: Vec<&String> = args.iter().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let mut failed = 0;
-    let mut ran = 0;
-    for (name, check) in checks {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        ran += 1;
-        let started = Instant::now();
-        let ok = std::panic::catch_unwind(|| check(&expected)).is_ok();
-        println!(
-            "test {name} ... {} ({} ms)",
-            if ok { "ok" } else { "FAILED" },
-            started.elapsed().as_millis()
-        );
-        failed += usize::from(!ok);
-    }
-    println!(
-        "\ntest result: {}. {} passed; {failed} failed",
-        if failed == 0 { "ok" } else { "FAILED" },
-        ran - failed
+    harness::main(
+        child,
+        &[
+            ("the_query_under_64_128_and_256_mib", &|| the_query_under_64_128_and_256_mib(&expected)),
+            ("a_query_that_cannot_spill_enough_fails_and_the_next_runs", &|| {
+                a_query_that_cannot_spill_enough_fails_and_the_next_runs(&expected)
+            }),
+            ("two_queries_at_once_share_the_budget", &|| two_queries_at_once_share_the_budget(&expected)),
+            ("a_join_too_big_to_build_completes_by_sort_merge", &|| {
+                a_join_too_big_to_build_completes_by_sort_merge(&expected)
+            }),
+            ("a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs", &|| {
+                a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(&expected)
+            }),
+        ],
     );
-    if failed > 0 {
-        std::process::exit(101);
-    }
 }
