@@ -319,13 +319,7 @@ fn scopes_through_the_c_abi() {
     let out = preloaded(&built().scopes, &[], &[]);
     assert_ok(&out, "scopes");
     let stdout = text(&out.stdout);
-    let value = |key: &str| -> String {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("{key}: {stdout}"));
-        line[key.len() + 1..].to_owned()
-    };
+    let value = |key: &str| value_of(&stdout, key);
     assert_eq!(value("reserve"), (8 << 20).to_string());
     assert_eq!(value("partial"), (1 << 20).to_string());
     // 100 blocks of 1000 bytes (1024 usable) are left; both big blocks were freed on
@@ -359,13 +353,7 @@ fn retry_blocks_through_the_c_abi_roll_back_split_and_complete() {
     let out = preloaded(&built().retry, &[], &[("MEMQUOTA_LIMIT", "256m")]);
     assert_ok(&out, "retry");
     let stdout = text(&out.stdout);
-    let value = |key: &str| -> String {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"));
-        line[key.len() + 1..].to_owned()
-    };
+    let value = |key: &str| value_of(&stdout, key);
     let field = |line: &str, name: &str| -> i64 {
         let at =
             line.find(&format!("{name} ")).unwrap_or_else(|| panic!("no {name} in {line}")) + name.len() + 1;
@@ -427,13 +415,7 @@ fn ends_from_elsewhere_wake_waiters_and_leave_no_thread_attached() {
     let out = preloaded(&built().retry, &["ends"], &[("MEMQUOTA_LIMIT", "256m")]);
     assert_ok(&out, "retry ends");
     let stdout = text(&out.stdout);
-    let value = |key: &str| -> String {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("{key}=")))
-            .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"));
-        line[key.len() + 1..].to_owned()
-    };
+    let value = |key: &str| value_of(&stdout, key);
     let ms = |line: &str| -> u64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
     println!("{stdout}");
     let scope_ended = 3; // MEMQUOTA_REFUSAL_SCOPE_ENDED
@@ -1260,4 +1242,13 @@ fn the_exit_summary_and_the_stats_file_name_the_sites_of_the_last_refusal() {
     let named = Command::new("addr2line").args(["-f", "-e", object, addr]).output().unwrap();
     assert_eq!(text(&named.stdout).lines().next(), Some("big_site"), "{first}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The value of the `KEY=VALUE` line a test program printed for `key`.
+fn value_of(stdout: &str, key: &str) -> String {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key} in:\n{stdout}"));
+    line[key.len() + 1..].to_owned()
 }
