@@ -1,6 +1,7 @@
 //! A fork while another thread is inside one of memquota's first-use windows, each
 //! check in a process of its own: the first configuration (from `MEMQUOTA_*` or
-//! `init`) and the decision on who runs jemalloc's purging. The thread in the window
+//! `init`), the decision on who runs jemalloc's purging, and applying the profile's
+//! settings (on the sampler thread, and again in `init`). The thread in the window
 //! set a flag that makes every other thread wait for it to end; it does not survive
 //! the fork, so the child must not wait for it: `memquota::init()` in the child must
 //! return. Before the fix the child spun for ever.
@@ -86,12 +87,14 @@ fn main() {
         &[
             ("a_fork_inside_the_first_configuration", a_fork_inside_the_first_configuration),
             ("a_fork_inside_the_purge_decision", a_fork_inside_the_purge_decision),
+            ("a_fork_inside_the_profile_settings", a_fork_inside_the_profile_settings),
         ],
         BUDGET,
     );
 }
 
-/// The window to fork in: [`Window::Configure`] (1) or [`Window::DecayDecision`] (2).
+/// The window to fork in: [`Window::Configure`] (1), [`Window::DecayDecision`] (2) or
+/// [`Window::ProfileSettings`] (3).
 static WANTED: AtomicU8 = AtomicU8::new(0);
 /// The hook parked a thread in the wanted window (once).
 static FIRED: AtomicBool = AtomicBool::new(false);
@@ -106,6 +109,7 @@ fn code(w: Window) -> u8 {
     match w {
         Window::Configure => 1,
         Window::DecayDecision => 2,
+        Window::ProfileSettings => 3,
         _ => 0,
     }
 }
@@ -153,8 +157,8 @@ fn fork_inside(window: Window) -> Option<i32> {
     assert!(set_window_hook(hook), "the hook is set once per process");
     ON.store(true, SeqCst);
     // The process's first allocation through memquota: it configures (the first
-    // window) and starts the sampler thread, whose start decides on purging (the
-    // second).
+    // window) and starts the sampler thread, which applies the profile's settings
+    // (the third) and then decides on purging (the second).
     drop(std::hint::black_box(Box::new(1u64)));
     while STATUS.load(SeqCst) == -2 {
         std::thread::yield_now(); // a poll, bounded by the forker's deadline
@@ -186,4 +190,10 @@ fn a_fork_inside_the_first_configuration() {
 /// child's `init()` waited for the decision for ever.
 fn a_fork_inside_the_purge_decision() {
     assert!(exited_0(fork_inside(Window::DecayDecision)), "init() in the fork child did not return");
+}
+
+/// The sampler thread applying the profile's settings (`MEMQUOTA_PROFILE_SAMPLE`), cut
+/// by a fork: the child's `init()`, which applies them too, waited for ever.
+fn a_fork_inside_the_profile_settings() {
+    assert!(exited_0(fork_inside(Window::ProfileSettings)), "init() in the fork child did not return");
 }

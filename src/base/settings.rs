@@ -118,6 +118,8 @@ pub enum Window {
     Configure,
     /// The decision on who runs jemalloc's purging (`purge.rs`).
     DecayDecision,
+    /// Applying the profile's settings (`policy/profile`).
+    ProfileSettings,
 }
 
 static WINDOW_HOOK: OnceLock<fn(Window)> = OnceLock::new();

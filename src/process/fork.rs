@@ -85,6 +85,7 @@ extern "C" fn child() {
         crate::base::settings::after_fork_child();
         crate::policy::sampler::after_fork_child();
         crate::policy::purge::after_fork_child();
+        crate::policy::profile::after_fork_child();
         threads::after_fork_child(threads::this_thread());
         if let Some(face) = FACE.get() {
             (face.after)(true);

@@ -45,7 +45,7 @@ unsafe impl Sync for Options {}
 
 /// The profile is on (jemalloc's `opt.prof`, active).
 static ON: AtomicBool = AtomicBool::new(false);
-/// A [`configure`] is applying the settings.
+/// A [`configure`] is applying the settings (a window a fork child resets).
 static APPLYING: AtomicBool = AtomicBool::new(false);
 /// The stack hook is installed and the allocator's frames learned.
 static SET_UP: AtomicBool = AtomicBool::new(false);
@@ -78,14 +78,16 @@ fn ctl_write<T>(name: &[u8], value: T) -> bool {
 /// moved by the allocations that learn the allocator's frames. Does nothing when
 /// jemalloc does not profile (`opt.prof` false).
 pub(crate) fn configure() {
-    if ctl_read::<bool>(b"opt.prof\0") != Some(true) {
-        return;
-    }
     while APPLYING.compare_exchange(false, true, Acquire, Relaxed).is_err() {
+        // A set-up learns the allocator's frames on a thread it starts and joins:
+        // milliseconds, once per process.
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    crate::base::settings::in_window(crate::base::settings::Window::ProfileSettings);
     let sample = crate::base::settings::profile_sample();
-    if sample == 0 {
+    if ctl_read::<bool>(b"opt.prof\0") != Some(true) {
+        // jemalloc does not profile: nothing to apply.
+    } else if sample == 0 {
         if ON.swap(false, AcqRel) {
             ctl_write(b"prof.active\0", false);
         }
@@ -96,6 +98,13 @@ pub(crate) fn configure() {
         SET_UP.store(true, Relaxed);
     }
     APPLYING.store(false, Release);
+}
+
+/// From the fork child handler: a [`configure`] another thread was running when the
+/// process forked never ends in the child (that thread is gone), and the child's next
+/// one (its `init`) would wait for it for ever. Allocates nothing.
+pub(crate) fn after_fork_child() {
+    APPLYING.store(false, Relaxed);
 }
 
 /// The first set-up: the hook, the rate, the allocator's frames. False if jemalloc
