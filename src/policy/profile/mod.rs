@@ -17,8 +17,10 @@
 
 mod dump;
 mod hook;
+mod pprof;
 
 pub use dump::{write_site_comments, write_sites, Sites};
+pub use pprof::heap_profile;
 
 use crate::base::sync::{
     AtomicBool, AtomicU64,
@@ -51,6 +53,12 @@ static APPLYING: AtomicBool = AtomicBool::new(false);
 static SET_UP: AtomicBool = AtomicBool::new(false);
 /// The mean sampling interval in force, in bytes.
 static RATE: AtomicU64 = AtomicU64::new(0);
+
+/// Whether jemalloc can profile (`opt.prof`: built with profiling, not turned off by
+/// the options it read at its start).
+pub fn available() -> bool {
+    ctl_read::<bool>(b"opt.prof\0") == Some(true)
+}
 
 /// Whether the profile is being taken.
 pub fn enabled() -> bool {
