@@ -37,6 +37,7 @@ fn main() {
                 the_endpoints_heap_profile_is_read_by_pprof,
                 FINE,
             ),
+            ("a_refusal_leaves_a_flight_record", a_refusal_leaves_a_flight_record, FINE),
             (
                 "the_endpoint_says_how_to_turn_the_profile_on",
                 the_endpoint_says_how_to_turn_the_profile_on,
@@ -206,4 +207,59 @@ fn the_endpoint_says_how_to_turn_the_profile_on() {
     let body = String::from_utf8_lossy(&body);
     assert_eq!(status, "HTTP/1.0 503 Service Unavailable", "{body}");
     assert!(body.contains("MEMQUOTA_PROFILE_SAMPLE"), "{body}");
+}
+
+/// The flight recorder (`Config::profile_dir`, `MEMQUOTA_PROFILE_DIR`): the first
+/// refusal writes one directory, complete when the refusal returns (the refusing
+/// thread waits for it, bounded), with the profile pprof reads, the stats, the scopes,
+/// the container's figures and the report; a second refusal in the report window
+/// writes none; the first one after the window closes writes the next.
+fn a_refusal_leaves_a_flight_record() {
+    let dir = std::env::temp_dir().join(format!("memquota-flight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = Config::from_env().expect("the environment's configuration").limit(64 * MIB);
+    let config = config.profile_dir(dir.to_str().unwrap()).report_window(Duration::from_secs(60));
+    memquota::init(config.clone()).unwrap();
+    memquota::set_report_hook(|_| {});
+    let big = big_site(768);
+    let small = small_site(2048);
+    let records = || {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut v: Vec<u8> = Vec::new();
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err());
+    assert_eq!(records(), vec![format!("memquota-{}-1", std::process::id())], "one record, complete");
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err());
+    assert_eq!(records().len(), 1, "a refusal inside the report window writes no record");
+    let record = dir.join(&records()[0]);
+    let mut files: Vec<String> = std::fs::read_dir(&record)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["container.json", "heap.pb.gz", "report.txt", "scopes.json", "stats.json"]);
+    let read = |f: &str| std::fs::read_to_string(record.join(f)).unwrap();
+    assert!(
+        read("report.txt").starts_with("memquota: allocation refused: 32.0 MiB"),
+        "{}",
+        read("report.txt")
+    );
+    assert!(read("stats.json").contains("\"oom_total\":1,"), "{}", read("stats.json"));
+    assert!(read("scopes.json").starts_with("{\"pool_bytes\":"), "{}", read("scopes.json"));
+    assert!(read("container.json").starts_with("{\"cgroup_version\":"), "{}", read("container.json"));
+    let (rows, top) = pprof::top(&record.join("heap.pb.gz"), "inuse_space");
+    assert!(pprof::cum(&rows, "big_site").is_some_and(|b| within(b, 48 * MIB)), "{top}");
+    assert!(pprof::cum(&rows, "small_site").is_some_and(|b| within(b, 8 * MIB)), "{top}");
+    // The window closes (a window changed applies at once, from when it opened).
+    memquota::init(config.report_window(Duration::from_millis(1))).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err());
+    assert_eq!(records().len(), 2, "the first report of the next window writes the next record");
+    drop((big, small));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1256,6 +1256,40 @@ fn the_endpoints_heap_profile_is_read_by_pprof() {
     assert!(within(small, 8), "small_site's 8 MiB within 25%: {small}\n{top}");
 }
 
+/// `MEMQUOTA_PROFILE_DIR`: `tests/c/sites.c`'s one refusal leaves one record, complete
+/// although the program ends right after the NULL (the refusing thread waits for it,
+/// bounded): the profile names both sites for `go tool pprof`, and the stats, scopes,
+/// container's figures and report are there.
+#[test]
+fn a_refusal_leaves_a_flight_record() {
+    let dir = build_dir("flight").join("records");
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("MEMQUOTA_LIMIT", "64m"),
+        ("MEMQUOTA_PROFILE_SAMPLE", "16k"),
+        ("MEMQUOTA_PROFILE_DIR", dir.to_str().unwrap()),
+    ];
+    let out = preloaded(&built().sites, &[], &env);
+    assert_ok(&out, "sites");
+    let records: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(records.len(), 1, "one record: {records:?}");
+    let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("memquota-") && name.ends_with("-1"), "{name}");
+    let mut files: Vec<String> = std::fs::read_dir(&records[0])
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["container.json", "heap.pb.gz", "report.txt", "scopes.json", "stats.json"]);
+    let read = |f: &str| std::fs::read_to_string(records[0].join(f)).unwrap();
+    assert_eq!(read("report.txt"), text(&out.stderr), "the record holds the report the program printed");
+    assert!(read("stats.json").contains("\"oom_total\":1,"), "{}", read("stats.json"));
+    let (rows, top) = pprof::top(&records[0].join("heap.pb.gz"), "inuse_space");
+    let within = |bytes: u64, mib: u64| bytes >= (mib << 20) * 3 / 4 && bytes <= (mib << 20) * 5 / 4;
+    assert!(pprof::cum(&rows, "big_site").is_some_and(|b| within(b, 48)), "{top}");
+    assert!(pprof::cum(&rows, "small_site").is_some_and(|b| within(b, 8)), "{top}");
+}
+
 /// The exit summary (`MEMQUOTA_REPORT=exit`) names the sites of the last refusal, and
 /// the stats file carries them for `memquota run` (`# memquota site` lines).
 #[test]

@@ -1,7 +1,8 @@
 //! A heap profile read back by a real pprof reader: the Go toolchain's `go tool pprof`
 //! (Debian's `golang-go`, which scripts/test.sh installs). Shared by the tests of the
 //! Rust face (tests/sites.rs), of the preload (ld_preload/tests/preload.rs) and of the
-//! command (cli/tests/profile.rs), each of which includes this file by its path.
+//! command (cli/tests/run.rs), each of which includes this file by its path.
+#![allow(dead_code)] // each test binary uses its own part
 
 use std::io::{Read, Write};
 use std::path::Path;

@@ -12,8 +12,10 @@
 //! the dump uses its internal arena). Frames are return addresses shown as the
 //! object and its address (`OBJECT+0xADDR`, what `addr2line -e OBJECT` reads): names
 //! need symbol tables and allocation, so they are left to a reader with a heap
-//! (`memquota run`, a test, a later pprof export). docs/design.md, "Allocation sites".
-//! `hook` captures the stacks, `dump` reads and writes the sites.
+//! (`memquota run`, a test, pprof reading the profile `pprof` encodes for the
+//! endpoint and the flight recorder). docs/design.md, "Allocation sites". `hook`
+//! captures the stacks, `dump` reads the dump (the one parser of heap_v2) and writes
+//! the sites, `pprof` encodes the profile.
 
 mod dump;
 mod hook;

@@ -75,8 +75,11 @@ fn loaded_objects() -> Vec<Segment> {
     /// Segments kept; the callback runs under the loader's lock and must not
     /// allocate, so it fills storage reserved before.
     const MAX: usize = 512;
+    /// A segment as the callback copies it: start, limit, file offset, the
+    /// object's name and its length, its build ID and that ID's length.
+    type Raw = (u64, u64, u64, [u8; 256], usize, [u8; 20], usize);
     struct Found {
-        segments: Vec<(u64, u64, u64, [u8; 256], usize, [u8; 20], usize)>,
+        segments: Vec<Raw>,
     }
     extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: dl_iterate_phdr passes a valid info for the call, and `data` is the
