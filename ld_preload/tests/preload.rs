@@ -1290,6 +1290,28 @@ fn a_refusal_leaves_a_flight_record() {
     assert!(pprof::cum(&rows, "small_site").is_some_and(|b| within(b, 8)), "{top}");
 }
 
+/// `MEMQUOTA_ON_OOM=abort`: the process aborts at the refusal, after its record is
+/// written.
+#[test]
+fn an_aborting_refusal_leaves_its_flight_record() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = build_dir("flight-abort").join("records");
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("MEMQUOTA_LIMIT", "64m"),
+        ("MEMQUOTA_ON_OOM", "abort"),
+        ("MEMQUOTA_PROFILE_SAMPLE", "16k"),
+        ("MEMQUOTA_PROFILE_DIR", dir.to_str().unwrap()),
+    ];
+    let out = preloaded(&built().sites, &[], &env);
+    let aborted =
+        out.status.signal() == Some(libc::SIGABRT) || out.status.code() == Some(128 + libc::SIGABRT);
+    assert!(aborted, "{}", said(&out));
+    let records: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(records.len(), 1, "one record: {records:?}");
+    assert!(records[0].join("heap.pb.gz").exists() && records[0].join("report.txt").exists(), "{records:?}");
+}
+
 /// The exit summary (`MEMQUOTA_REPORT=exit`) names the sites of the last refusal, and
 /// the stats file carries them for `memquota run` (`# memquota site` lines).
 #[test]
