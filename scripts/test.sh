@@ -11,7 +11,8 @@ command -v cargo >/dev/null || { echo "cargo is missing: install Rust (https://r
 cargo --version
 need=()
 # gdb: a test's watchdog prints every thread's stack with it when a check hangs.
-for tool in gcc:gcc g++:g++ gdb:gdb nm:binutils timeout:coreutils sort:coreutils java:default-jdk-headless javac:default-jdk-headless python3:python3; do
+# go: `go tool pprof` reads the heap profiles back (tests/support/pprof.rs).
+for tool in gcc:gcc g++:g++ gdb:gdb nm:binutils timeout:coreutils sort:coreutils java:default-jdk-headless javac:default-jdk-headless python3:python3 go:golang-go; do
     command -v "${tool%%:*}" >/dev/null || need+=("${tool#*:}")
 done
 # The preload's jemalloc API tests compile a program with -ljemalloc (Debian's jemalloc).

@@ -1,4 +1,5 @@
-//! `stats()` and the OOM report never allocate. The global allocator here is
+//! `stats()` and the OOM report never allocate, nor does the refusing thread's hand-off
+//! to the flight recorder (which the sampler thread writes). The global allocator here is
 //! `QuotaAlloc` over a counting wrapper of `System`, so every allocation that reaches
 //! the backing allocator on this thread is seen.
 
@@ -42,8 +43,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: QuotaAlloc<Counting> = QuotaAlloc::wrap(Counting);
 
+fn records() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("memquota-no-alloc-records-{}", std::process::id()))
+}
+
 fn main() {
-    memquota::init(Config::new().limit(32 << 20)).unwrap();
+    memquota::init(Config::new().limit(32 << 20).profile_dir(records().to_str().unwrap())).unwrap();
     run(&[("stats_never_allocates", stats_never_allocates), ("refusal_and_report_never_allocate", refusal)]);
 }
 
@@ -65,4 +70,8 @@ fn refusal() {
     assert!(refused);
     assert_eq!(during, 0, "the refusal path allocated {during} times");
     assert!(memquota::last_report().unwrap().contains("64.0 MiB (67108864) requested"));
+    // The hand-off ran: the sampler thread wrote the record the refusal waited for.
+    let written = std::fs::read_dir(records()).map(|d| d.count()).unwrap_or(0);
+    let _ = std::fs::remove_dir_all(records());
+    assert_eq!(written, 1, "one flight record");
 }

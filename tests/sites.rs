@@ -5,6 +5,8 @@
 //! with `addr2line`, as `memquota run` does. The preload's side is
 //! `ld_preload/tests/preload.rs` (`tests/c/sites.c`).
 
+#[path = "support/pprof.rs"]
+mod pprof;
 mod support;
 
 use memquota::{Config, QuotaAlloc};
@@ -30,6 +32,17 @@ fn main() {
                 profile_sample_0_turns_the_profile_off,
                 &[("MEMQUOTA_PROFILE_SAMPLE", "0")],
             ),
+            (
+                "the_endpoints_heap_profile_is_read_by_pprof",
+                the_endpoints_heap_profile_is_read_by_pprof,
+                FINE,
+            ),
+            ("a_refusal_leaves_a_flight_record", a_refusal_leaves_a_flight_record, FINE),
+            (
+                "the_endpoint_says_how_to_turn_the_profile_on",
+                the_endpoint_says_how_to_turn_the_profile_on,
+                &[("MEMQUOTA_PROFILE_SAMPLE", "0")],
+            ),
         ],
         Duration::from_secs(60),
     );
@@ -43,13 +56,23 @@ const FINE: &[(&str, &str)] = &[("MEMQUOTA_PROFILE_SAMPLE", "16k")];
 /// 64 KiB blocks from one function.
 #[inline(never)]
 fn big_site(n: usize) -> Vec<Vec<u8>> {
-    (0..n).map(|_| black_box(vec![1u8; 64 * KIB as usize])).collect()
+    // A loop of its own rather than a `collect`, which the compiler may make a tail
+    // call: then no frame of this function is in the stack.
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(black_box(vec![1u8; 64 * KIB as usize]));
+    }
+    black_box(held)
 }
 
 /// 4 KiB blocks from another.
 #[inline(never)]
 fn small_site(n: usize) -> Vec<Vec<u8>> {
-    (0..n).map(|_| black_box(vec![2u8; 4 * KIB as usize])).collect()
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(black_box(vec![2u8; 4 * KIB as usize]));
+    }
+    black_box(held)
 }
 
 /// Blocks allocated and freed at once: never live.
@@ -151,4 +174,92 @@ fn profile_sample_0_turns_the_profile_off() {
     let report = refused_report();
     assert!(!report.contains("top sites"), "{report}");
     assert!(report.contains("native tracked"), "{report}");
+}
+
+/// `GET /debug/pprof/heap` while the two sites hold their memory: `go tool pprof`
+/// reads the profile, names both functions (from the program's own symbols, found
+/// through the mapping's path and build ID), and its estimates are within 25%.
+fn the_endpoints_heap_profile_is_read_by_pprof() {
+    memquota::init(Config::from_env().expect("the environment's configuration").limit(256 * MIB)).unwrap();
+    let addr = memquota::serve_metrics("127.0.0.1:0").expect("an endpoint").to_string();
+    let big = big_site(768);
+    let small = small_site(2048);
+    let (status, body) = pprof::get(&addr, "/debug/pprof/heap");
+    drop((big, small));
+    assert_eq!(status, "HTTP/1.0 200 OK", "{}", String::from_utf8_lossy(&body));
+    let file = std::env::temp_dir().join(format!("memquota-sites-{}.pb.gz", std::process::id()));
+    std::fs::write(&file, &body).unwrap();
+    let (rows, text) = pprof::top(&file, "inuse_space");
+    let _ = std::fs::remove_file(&file);
+    println!("{text}");
+    let big = pprof::cum(&rows, "big_site").unwrap_or_else(|| panic!("pprof names big_site:\n{text}"));
+    let small = pprof::cum(&rows, "small_site").unwrap_or_else(|| panic!("pprof names small_site:\n{text}"));
+    assert!(within(big, 48 * MIB), "big_site's 48 MiB within 25%: {big}\n{text}");
+    assert!(within(small, 8 * MIB), "small_site's 8 MiB within 25%: {small}\n{text}");
+}
+
+/// With the profile off the endpoint answers 503 and names the variable that turns
+/// it on.
+fn the_endpoint_says_how_to_turn_the_profile_on() {
+    memquota::init(Config::from_env().expect("the environment's configuration").limit(256 * MIB)).unwrap();
+    let addr = memquota::serve_metrics("127.0.0.1:0").expect("an endpoint").to_string();
+    let (status, body) = pprof::get(&addr, "/debug/pprof/heap");
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, "HTTP/1.0 503 Service Unavailable", "{body}");
+    assert!(body.contains("MEMQUOTA_PROFILE_SAMPLE"), "{body}");
+}
+
+/// The flight recorder (`Config::profile_dir`, `MEMQUOTA_PROFILE_DIR`): the first
+/// refusal writes one directory, complete when the refusal returns (the refusing
+/// thread waits for it, bounded), with the profile pprof reads, the stats, the scopes,
+/// the container's figures and the report; a second refusal in the report window
+/// writes none; the first one after the window closes writes the next.
+fn a_refusal_leaves_a_flight_record() {
+    let dir = std::env::temp_dir().join(format!("memquota-flight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = Config::from_env().expect("the environment's configuration").limit(64 * MIB);
+    let config = config.profile_dir(dir.to_str().unwrap()).report_window(Duration::from_secs(60));
+    memquota::init(config.clone()).unwrap();
+    memquota::set_report_hook(|_| {});
+    let big = big_site(768);
+    let small = small_site(2048);
+    let records = || {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let mut v: Vec<u8> = Vec::new();
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err());
+    assert_eq!(records(), vec![format!("memquota-{}-1", std::process::id())], "one record, complete");
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err());
+    assert_eq!(records().len(), 1, "a refusal inside the report window writes no record");
+    let record = dir.join(&records()[0]);
+    let mut files: Vec<String> = std::fs::read_dir(&record)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["container.json", "heap.pb.gz", "report.txt", "scopes.json", "stats.json"]);
+    let read = |f: &str| std::fs::read_to_string(record.join(f)).unwrap();
+    assert!(
+        read("report.txt").starts_with("memquota: allocation refused: 32.0 MiB"),
+        "{}",
+        read("report.txt")
+    );
+    assert!(read("stats.json").contains("\"oom_total\":1,"), "{}", read("stats.json"));
+    assert!(read("scopes.json").starts_with("{\"pool_bytes\":"), "{}", read("scopes.json"));
+    assert!(read("container.json").starts_with("{\"cgroup_version\":"), "{}", read("container.json"));
+    let (rows, top) = pprof::top(&record.join("heap.pb.gz"), "inuse_space");
+    assert!(pprof::cum(&rows, "big_site").is_some_and(|b| within(b, 48 * MIB)), "{top}");
+    assert!(pprof::cum(&rows, "small_site").is_some_and(|b| within(b, 8 * MIB)), "{top}");
+    // The window closes (a window changed applies at once, from when it opened).
+    memquota::init(config.report_window(Duration::from_millis(1))).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err());
+    assert_eq!(records().len(), 2, "the first report of the next window writes the next record");
+    drop((big, small));
+    let _ = std::fs::remove_dir_all(&dir);
 }

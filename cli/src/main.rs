@@ -7,8 +7,10 @@
 
 mod fetch;
 mod plot;
+mod profile;
 mod run;
 mod snapshot;
+mod symbols;
 mod tree;
 mod units;
 
@@ -48,6 +50,14 @@ enum Cmd {
         #[arg(value_name = "FILE|DIR|ADDR", required = true)]
         sources: Vec<String>,
     },
+    /// Print the top sites of a running program's live memory from its heap profile
+    /// (GET /debug/pprof/heap on MEMQUOTA_METRICS_ADDR; the program runs with
+    /// MEMQUOTA_PROFILE_SAMPLE set), named by addr2line; or write the profile for
+    /// pprof (--out).
+    #[command(
+        after_help = "Examples: memquota profile 127.0.0.1:9464 --top 20\n          memquota profile 127.0.0.1:9464 --out heap.pb.gz && go tool pprof -top heap.pb.gz"
+    )]
+    Profile(profile::ProfileArgs),
 }
 
 /// A failure of memquota itself, with the exit code it ends with.
@@ -91,6 +101,7 @@ fn main() {
     let result = match Cli::parse().command {
         Cmd::Run(args) => run::run(args).map(|status| run::pass_through(status)),
         Cmd::Stat { sources } => stat(&sources),
+        Cmd::Profile(args) => profile::profile(&args),
     };
     if let Err(Failure { code, message }) = result {
         let _ = writeln!(std::io::stderr(), "memquota: {message}");

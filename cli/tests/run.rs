@@ -1,6 +1,7 @@
 //! The `memquota` command end to end: C programs (tests/c/workload.c) and `java
 //! -version` run under `memquota run` with the real preload, `--plot`, `memquota stat`
-//! on a file and on an endpoint, and the errors.
+//! on a file and on an endpoint, `memquota profile` on the endpoint of a program
+//! holding two sites' memory (ld_preload/tests/c/sites.c), and the errors.
 //!
 //! Needs `cargo build --release` first (libmemquota.so next to the memquota binary;
 //! scripts/test.sh does it), gcc, java, and util-linux's `script` (a terminal for the
@@ -14,6 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+#[path = "../../tests/support/pprof.rs"]
+mod pprof;
 
 const MEMQUOTA: &str = env!("CARGO_BIN_EXE_memquota");
 
@@ -576,4 +580,93 @@ fn a_bad_stats_file_pattern_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     let err = text(&out.stderr);
     assert!(err.contains("MEMQUOTA_STATS_FILE") && err.contains("%p"), "{err}");
+}
+
+/// ld_preload/tests/c/sites.c (48 MiB live from `big_site`, 8 MiB from `small_site`)
+/// run with `hold` under the preload, its endpoint on a free port, `MEMQUOTA_*` from
+/// `env`: runs `poke(ADDR)` while the memory is held, then lets the program end.
+fn while_sites_hold<T>(env: &[(&str, &str)], poke: impl FnOnce(&str) -> T) -> T {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let sites = BUILT.get_or_init(|| {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ld_preload/tests/c/sites.c");
+        let out = scratch("sites-bin").join("sites");
+        let status = Command::new("gcc").args(["-O1", "-g"]).arg(&src).arg("-o").arg(&out).status().unwrap();
+        assert!(status.success(), "gcc {} failed", src.display());
+        out
+    });
+    let addr = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    // The preload on the program, not on `timeout`: that would bind the port first.
+    let mut cmd = command("timeout", &["120", "env"]);
+    cmd.arg(format!("LD_PRELOAD={}", preload().display()));
+    cmd.args(["MEMQUOTA_LIMIT=1g".to_string(), format!("MEMQUOTA_METRICS_ADDR={addr}")]);
+    cmd.args(env.iter().map(|(k, v)| format!("{k}={v}")));
+    cmd.args([sites.to_str().unwrap(), "hold"]);
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "held\n");
+    let result = poke(&addr);
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    result
+}
+
+/// `memquota profile ADDR --top 20` names the two sites, largest first, each within
+/// 25% of what it holds; `--out` writes the profile, which `go tool pprof` reads and
+/// `memquota profile FILE` reads back.
+#[test]
+fn profile_prints_the_top_sites_and_writes_the_profile() {
+    let file = scratch("profile").join("heap.pb.gz");
+    let (top, written) = while_sites_hold(&[("MEMQUOTA_PROFILE_SAMPLE", "16k")], |addr| {
+        (
+            memquota(&["profile", addr, "--top", "20"]),
+            memquota(&["profile", addr, "--out", file.to_str().unwrap()]),
+        )
+    });
+    let stdout = text(&top.stdout);
+    assert_eq!(top.status.code(), Some(0), "{stdout}{}", text(&top.stderr));
+    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    assert!(rows.len() >= 2, "{stdout}");
+    let within = |row: &str, expected: f64| {
+        let words: Vec<&str> = row.split_whitespace().collect();
+        let got = mib(&format!("{} {}", words[0], words[1]));
+        got >= expected * 0.75 && got <= expected * 1.25
+    };
+    assert!(rows[0].contains(" big_site (sites.c:") && within(rows[0], 48.0), "{stdout}");
+    assert!(rows[1].contains(" small_site (sites.c:") && within(rows[1], 8.0), "{stdout}");
+    assert_eq!(written.status.code(), Some(0), "{}", text(&written.stderr));
+    assert!(text(&written.stdout).contains(&format!("to {}", file.display())), "{}", text(&written.stdout));
+    let (rows, pprof_top) = pprof::top(&file, "inuse_space");
+    assert!(pprof::cum(&rows, "big_site").is_some_and(|b| b >= 36 << 20), "{pprof_top}");
+    let again = memquota(&["profile", file.to_str().unwrap(), "--top", "1"]);
+    let again = text(&again.stdout);
+    assert_eq!(again.lines().count(), 2, "a heading and one site: {again}");
+    assert!(again.contains(" big_site (sites.c:"), "{again}");
+}
+
+/// What cannot be read is said, with exit status 2: a profile that is off (and how
+/// to turn it on), an address nothing listens on, a file that is not a profile.
+#[test]
+fn profile_says_what_it_cannot_read() {
+    let off = while_sites_hold(&[], |addr| memquota(&["profile", addr]));
+    let stderr = text(&off.stderr);
+    assert_eq!(off.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("503") && stderr.contains("MEMQUOTA_PROFILE_SAMPLE"), "{stderr}");
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let nobody = memquota(&["profile", &closed]);
+    assert_eq!(nobody.status.code(), Some(2));
+    assert!(
+        text(&nobody.stderr).contains(&format!("connecting to {closed} failed")),
+        "{}",
+        text(&nobody.stderr)
+    );
+    let not_one = scratch("not-a-profile").join("x.pb.gz");
+    std::fs::write(&not_one, b"memquota_native_bytes 1\n").unwrap();
+    let out = memquota(&["profile", not_one.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not a heap profile memquota wrote: it is not gzip"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -8,6 +8,8 @@
 //! (scripts/test.sh installs them).
 
 mod common;
+#[path = "../../tests/support/pprof.rs"]
+mod pprof;
 
 use common::{assert_ok, build_dir, compile, inherited_vars, lib, said, text, Metrics};
 use std::collections::{BTreeMap, BTreeSet};
@@ -1212,6 +1214,102 @@ fn the_report_names_the_sites_that_hold_the_memory() {
         !sites.iter().any(|s| s.1.iter().any(|n| n == "churn_site")),
         "freed memory is not live:\n{report}"
     );
+}
+
+/// `GET /debug/pprof/heap` on the preload's endpoint while `tests/c/sites.c` holds its
+/// two sites' memory (`hold`): `go tool pprof` reads the profile, names both functions
+/// from the program's symbols (the mapping's path and build ID) and estimates each
+/// within 25%.
+#[test]
+fn the_endpoints_heap_profile_is_read_by_pprof() {
+    use std::io::{BufRead, BufReader};
+    // A free loopback port (released just before the child binds it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120").arg("env").arg(format!("LD_PRELOAD={}", lib().display()));
+    cmd.args([&format!("MEMQUOTA_METRICS_ADDR={addr}"), "MEMQUOTA_LIMIT=1g", "MEMQUOTA_PROFILE_SAMPLE=16k"]);
+    cmd.arg(&built().sites).arg("hold");
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "held\n", "the program holds its sites' memory");
+    // The endpoint is bound by the preload's constructor, before main.
+    let (status, body) = pprof::get(&addr, "/debug/pprof/heap");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out, "sites hold");
+    assert_eq!(status, "HTTP/1.0 200 OK", "{}", text(&body));
+    let file = build_dir("preload").join("heap.pb.gz");
+    std::fs::write(&file, &body).unwrap();
+    let (rows, top) = pprof::top(&file, "inuse_space");
+    println!("{top}");
+    let within = |bytes: u64, mib: u64| bytes >= (mib << 20) * 3 / 4 && bytes <= (mib << 20) * 5 / 4;
+    let big = pprof::cum(&rows, "big_site").unwrap_or_else(|| panic!("pprof names big_site:\n{top}"));
+    let small = pprof::cum(&rows, "small_site").unwrap_or_else(|| panic!("pprof names small_site:\n{top}"));
+    assert!(within(big, 48), "big_site's 48 MiB within 25%: {big}\n{top}");
+    assert!(within(small, 8), "small_site's 8 MiB within 25%: {small}\n{top}");
+}
+
+/// `MEMQUOTA_PROFILE_DIR`: `tests/c/sites.c`'s one refusal leaves one record, complete
+/// although the program ends right after the NULL (the refusing thread waits for it,
+/// bounded): the profile names both sites for `go tool pprof`, and the stats, scopes,
+/// container's figures and report are there.
+#[test]
+fn a_refusal_leaves_a_flight_record() {
+    let dir = build_dir("flight").join("records");
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("MEMQUOTA_LIMIT", "64m"),
+        ("MEMQUOTA_PROFILE_SAMPLE", "16k"),
+        ("MEMQUOTA_PROFILE_DIR", dir.to_str().unwrap()),
+    ];
+    let out = preloaded(&built().sites, &[], &env);
+    assert_ok(&out, "sites");
+    let records: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(records.len(), 1, "one record: {records:?}");
+    let name = records[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("memquota-") && name.ends_with("-1"), "{name}");
+    let mut files: Vec<String> = std::fs::read_dir(&records[0])
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["container.json", "heap.pb.gz", "report.txt", "scopes.json", "stats.json"]);
+    let read = |f: &str| std::fs::read_to_string(records[0].join(f)).unwrap();
+    assert_eq!(read("report.txt"), text(&out.stderr), "the record holds the report the program printed");
+    assert!(read("stats.json").contains("\"oom_total\":1,"), "{}", read("stats.json"));
+    let (rows, top) = pprof::top(&records[0].join("heap.pb.gz"), "inuse_space");
+    let within = |bytes: u64, mib: u64| bytes >= (mib << 20) * 3 / 4 && bytes <= (mib << 20) * 5 / 4;
+    assert!(pprof::cum(&rows, "big_site").is_some_and(|b| within(b, 48)), "{top}");
+    assert!(pprof::cum(&rows, "small_site").is_some_and(|b| within(b, 8)), "{top}");
+}
+
+/// `MEMQUOTA_ON_OOM=abort`: the process aborts at the refusal, after its record is
+/// written.
+#[test]
+fn an_aborting_refusal_leaves_its_flight_record() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = build_dir("flight-abort").join("records");
+    let _ = std::fs::remove_dir_all(&dir);
+    let env = [
+        ("MEMQUOTA_LIMIT", "64m"),
+        ("MEMQUOTA_ON_OOM", "abort"),
+        ("MEMQUOTA_PROFILE_SAMPLE", "16k"),
+        ("MEMQUOTA_PROFILE_DIR", dir.to_str().unwrap()),
+    ];
+    let out = preloaded(&built().sites, &[], &env);
+    let aborted =
+        out.status.signal() == Some(libc::SIGABRT) || out.status.code() == Some(128 + libc::SIGABRT);
+    assert!(aborted, "{}", said(&out));
+    let records: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(records.len(), 1, "one record: {records:?}");
+    assert!(records[0].join("heap.pb.gz").exists() && records[0].join("report.txt").exists(), "{records:?}");
 }
 
 /// The exit summary (`MEMQUOTA_REPORT=exit`) names the sites of the last refusal, and

@@ -40,12 +40,14 @@ pub mod vars {
     pub const REPORT_PID: &str = "MEMQUOTA_REPORT_PID";
     /// The mean bytes between two samples of the allocation-site profile (0: off).
     pub const PROFILE_SAMPLE: &str = "MEMQUOTA_PROFILE_SAMPLE";
+    /// The flight recorder's directory.
+    pub const PROFILE_DIR: &str = "MEMQUOTA_PROFILE_DIR";
 }
 
 use vars::*;
 
 /// Environment variables read by [`Config::from_env`], with the forms each accepts.
-pub const ENV_VARS: [(&str, &str); 12] = [
+pub const ENV_VARS: [(&str, &str); 13] = [
     (LIMIT, LIMIT_FORMS),
     (SOFT_RATIO, SOFT_FORMS),
     (ON_OOM, ON_OOM_FORMS),
@@ -58,6 +60,7 @@ pub const ENV_VARS: [(&str, &str); 12] = [
     (UNTRACKED, UNTRACKED_FORMS),
     (PURGE_INTERVAL, PURGE_INTERVAL_FORMS),
     (PROFILE_SAMPLE, PROFILE_SAMPLE_FORMS),
+    (PROFILE_DIR, PROFILE_DIR_FORMS),
 ];
 
 /// The allocation-site profile's default mean bytes between two samples: 0, off. At
@@ -80,6 +83,7 @@ const UNTRACKED_FORMS: &str = "count or report";
 const DURATION_FORMS: &str = "a duration: 250ms, 2s, or a bare number of milliseconds";
 const PROFILE_SAMPLE_FORMS: &str =
     "a size in bytes (524288) or with a binary unit (512k, 1m), rounded to a power of two; 0 turns the profile off";
+const PROFILE_DIR_FORMS: &str = "a directory path (created if missing) for the flight recorder's records";
 const PURGE_INTERVAL_FORMS: &str =
     "a duration of at least 100ms (10s, 500ms, or a bare number of milliseconds), or off";
 
@@ -151,6 +155,7 @@ pub struct Config {
     untracked: Untracked,
     purge_interval: Option<Duration>,
     profile_sample: u64,
+    profile_dir: Option<String>,
 }
 
 impl Default for Config {
@@ -179,6 +184,7 @@ impl Config {
             untracked: Untracked::Report,
             purge_interval: Some(Duration::from_secs(10)),
             profile_sample: DEFAULT_PROFILE_SAMPLE,
+            profile_dir: None,
         }
     }
 
@@ -253,6 +259,8 @@ impl Config {
         if let Some(n) = read(&get, PROFILE_SAMPLE, PROFILE_SAMPLE_FORMS, parse_size)? {
             c.profile_sample = n;
         }
+        c.profile_dir =
+            read(&get, PROFILE_DIR, PROFILE_DIR_FORMS, |s| (!s.is_empty()).then(|| s.to_owned()))?;
         c.metrics_addr = read(&get, METRICS_ADDR, METRICS_FORMS, |s| {
             s.parse::<std::net::SocketAddr>().is_ok().then(|| s.to_owned())
         })?;
@@ -323,6 +331,20 @@ impl Config {
     pub fn metrics_addr(mut self, addr: &str) -> Config {
         self.metrics_addr = Some(addr.to_owned());
         self
+    }
+
+    /// The flight recorder (`MEMQUOTA_PROFILE_DIR`): the first refusal, and the first
+    /// full report after each report window, write a directory here holding the heap
+    /// profile (pprof), the stats and scopes as JSON, the container's figures and the
+    /// report (docs/observability.md, "The flight recorder").
+    pub fn profile_dir(mut self, dir: &str) -> Config {
+        self.profile_dir = Some(dir.to_owned());
+        self
+    }
+
+    /// The flight recorder's directory, if any.
+    pub fn profile_dir_setting(&self) -> Option<&str> {
+        self.profile_dir.as_deref()
     }
 
     /// The metrics address, if any.

@@ -122,6 +122,14 @@ pub(crate) fn request(kind: Kind) {
     }
 }
 
+/// Wakes the service thread for a pass now (the flight recorder's request). Takes no
+/// lock and does not allocate.
+pub(crate) fn wake_service() {
+    if let Some(service) = SERVICE.get() {
+        service.unpark();
+    }
+}
+
 /// The container-pressure path's entry (`container.rs`: the cgroup's anonymous
 /// memory past its line, a PSI event): purge now, in the background.
 pub(crate) fn under_pressure() {

@@ -9,7 +9,8 @@
 //! refusal while another thread's report is being written is counted, never reported
 //! in turn, and waits for that report to be handed to the hook before it returns (at
 //! most [`WRITER_WAIT`]): a program that crashes on the NULL would otherwise take the
-//! report down with it. The counters stay exact: every refusal counts.
+//! report down with it. The counters stay exact: every refusal counts. The first full
+//! report of a window also asks the flight recorder for a record (`flight.rs`).
 
 use crate::base::config::{HeapMode, OnOom};
 use crate::base::stats::{ContainerStats, PressureSource, Stats};
@@ -124,6 +125,8 @@ fn call_hook(text: &str) {
 pub(crate) struct Turn {
     /// The refusals held back since the last full report.
     pub(crate) quiet: Quiet,
+    /// The first full report of its window: the flight recorder writes a record.
+    pub(crate) first: bool,
 }
 
 impl Drop for Turn {
@@ -204,7 +207,7 @@ pub(crate) fn turn(requested: u64, mark: Mark, force: bool) -> Option<Turn> {
     f.last_full = Some(now);
     WRITER.store(me, Relaxed);
     WRITING.store(true, Relaxed);
-    Some(Turn { quiet: std::mem::take(&mut f.quiet) })
+    Some(Turn { quiet: std::mem::take(&mut f.quiet), first: !open })
 }
 
 /// The top sites the last full report named, if a report has named any.
@@ -327,7 +330,13 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
     *lock(&LAST) = last;
     FULL_REPORTS.fetch_add(1, Relaxed);
     call_hook(buf.as_str());
+    let first = turn.first;
     drop(turn);
+    // After the turn ends: refusals on other threads wait for the report, not for
+    // the record.
+    if first {
+        crate::policy::flight::record();
+    }
 }
 
 fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {

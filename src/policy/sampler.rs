@@ -9,7 +9,7 @@
 //! it does not. The same thread is the purge service (`purge.rs`): it reads
 //! jemalloc's statistics once per pass for both, and a purge request wakes it early;
 //! and it watches the container (`container.rs`): the cgroup's files and the PSI
-//! trigger.
+//! trigger. It writes the flight recorder's records too (`flight.rs`).
 
 use crate::base::host;
 use crate::base::quota::Quota;
@@ -50,6 +50,7 @@ pub(crate) fn ensure_sampling() -> bool {
     }
     // Its own few allocations are charged, never refused, never made to wait.
     let spawned = threads::spawn_service("memquota-sampler", || {
+        super::flight::serving();
         // The thread that started this one configures the process right after (a
         // first slow path, or `init`): the profile's rate is part of that.
         while !crate::base::settings::configured() {
@@ -66,6 +67,8 @@ pub(crate) fn ensure_sampling() -> bool {
             // After the first pass: its sample and purge decision come as soon as
             // the thread starts, as they did before the watch existed.
             watch.get_or_insert_with(container::Watch::start).pass();
+            // Last: the record's stats are this pass's.
+            super::flight::serve();
             PASSES.fetch_add(1, Relaxed);
             purger.wait(INTERVAL);
         }
@@ -82,6 +85,7 @@ pub(crate) fn ensure_sampling() -> bool {
 /// starts a new process that samples): its untracked figure is 0.
 pub(crate) fn after_fork_child() {
     STARTED.store(true, Relaxed);
+    super::flight::after_fork_child();
     heap_probe::set_untracked_after_fork(0);
     container::after_fork_child();
 }

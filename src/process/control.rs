@@ -47,6 +47,9 @@ fn configure(config: &Config) -> Result<()> {
         crate::policy::purge::give_back_decay();
     }
     crate::process::rendezvous::check();
+    if let Some(dir) = config.profile_dir_setting() {
+        crate::process::recorder::install(dir);
+    }
     if let Some(addr) = config.metrics_addr_setting() {
         if !METRICS_STARTED.swap(true, AcqRel) {
             if let Err(e) = crate::process::endpoint::serve_metrics(addr) {

@@ -1,5 +1,6 @@
-//! The metrics endpoint: `GET /metrics` (Prometheus text) and `GET /stats.json` over
-//! plain HTTP/1.0 on a loopback address unless told otherwise.
+//! The metrics endpoint: `GET /metrics` (Prometheus text), `GET /stats.json`,
+//! `GET /scopes.json` and `GET /debug/pprof/heap` (the heap profile, gzipped
+//! `profile.proto`) over plain HTTP/1.0 on a loopback address unless told otherwise.
 //!
 //! Built to never disturb the host: one accept thread hands connections to a few
 //! workers through a bounded queue; when the queue is full the connection gets a
@@ -116,12 +117,36 @@ fn serve(conn: &mut TcpStream) {
             );
             respond(conn, "200 OK", "application/json", text.as_bytes())
         }
-        ("GET", _) => {
-            respond(conn, "404 Not Found", "text/plain", b"try /metrics, /stats.json or /scopes.json\n")
-        }
+        ("GET", "/debug/pprof/heap") => match heap_profile() {
+            Ok(profile) => respond(conn, "200 OK", "application/octet-stream", &profile),
+            Err((status, why)) => respond(conn, status, "text/plain", why.as_bytes()),
+        },
+        ("GET", _) => respond(
+            conn,
+            "404 Not Found",
+            "text/plain",
+            b"try /metrics, /stats.json, /scopes.json or /debug/pprof/heap\n",
+        ),
         ("", _) => respond(conn, "400 Bad Request", "text/plain", b"bad request\n"),
         _ => respond(conn, "405 Method Not Allowed", "text/plain", b"GET only\n"),
     };
+}
+
+/// The heap profile, or the status and words of why there is none.
+fn heap_profile() -> std::result::Result<Vec<u8>, (&'static str, &'static str)> {
+    use crate::policy::profile;
+    if !profile::available() {
+        return Err((
+            "404 Not Found",
+            "no heap profile in this build: jemalloc is built without profiling (the memquota crate's \
+             `profile` feature; libmemquota.so has it), or MALLOC_CONF / _RJEM_MALLOC_CONF set prof:false\n",
+        ));
+    }
+    profile::heap_profile().ok_or((
+        "503 Service Unavailable",
+        "the heap profile is off: set MEMQUOTA_PROFILE_SAMPLE (512k samples once per 512 KiB allocated, \
+         as Go does) before the program starts, or Config::profile_sample\n",
+    ))
 }
 
 fn respond(conn: &mut TcpStream, status: &str, kind: &str, body: &[u8]) -> std::io::Result<()> {

@@ -23,7 +23,7 @@ pub(super) fn summary(
     let mut summary =
         format!("memquota: {shown} {} after {:.1} s\n", describe(status), elapsed.as_secs_f64());
     summary.push_str(&sampler.summary());
-    summary.push_str(&sites(&sampler.last_text, &mut addr2line));
+    summary.push_str(&sites(&sampler.last_text, &mut crate::symbols::addr2line));
     if args.stats_file.is_some() {
         summary.push_str(&format!("  {:<16} {}\n", "stats file", stats_path.display()));
     }
@@ -69,21 +69,6 @@ fn sites(text: &str, name: &mut impl FnMut(&str, &str) -> Option<String>) -> Str
 
 fn bytes_text(b: u64) -> String {
     crate::units::bytes(b)
-}
-
-/// `function (file:line)` of the call at `addr` in `object`, by binutils' `addr2line`
-/// (the function the address's code lies in, after inlining); None if it cannot say.
-fn addr2line(object: &str, addr: &str) -> Option<String> {
-    let out =
-        std::process::Command::new("addr2line").args(["-f", "-i", "-C", "-e", object, addr]).output().ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = text.lines().collect();
-    let (function, place) = (lines.len() >= 2).then(|| (lines[lines.len() - 2], lines[lines.len() - 1]))?;
-    if function == "??" {
-        return None;
-    }
-    let place = place.rsplit('/').next().unwrap_or(place);
-    Some(format!("{function} ({place})"))
 }
 
 /// The command line for people, in backquotes.

@@ -2,7 +2,9 @@
  * 64 KiB blocks (the counted path), small_site 8 MiB in 2 KiB blocks (a lazy thread's
  * path straight into jemalloc); churn_site allocates and frees 256 MiB first, so it
  * holds nothing. Then 32 MiB are asked for and refused: the report on stderr names
- * the top sites. */
+ * the top sites. With the argument `hold`, nothing is refused: the sites' blocks are
+ * held, "held" is printed, and the program waits for its stdin to close (a test reads
+ * the heap profile from the metrics endpoint meanwhile). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,11 +27,18 @@ __attribute__((noinline)) void churn_site(void) {
     free(p);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     static void *held[768 + 4096];
     for (int i = 0; i < 4096; i++) churn_site();
     for (int i = 0; i < 768; i++) held[i] = big_site();
     for (int i = 0; i < 4096; i++) held[768 + i] = small_site();
+    if (argc > 1 && strcmp(argv[1], "hold") == 0) {
+        printf("held\n");
+        fflush(stdout);
+        while (getchar() != EOF) {}
+        for (int i = 0; i < 768 + 4096; i++) free(held[i]);
+        return 0;
+    }
     void *p = malloc(32 << 20);
     printf("32 MiB %s\n", p ? "granted" : "refused");
     for (int i = 0; i < 768 + 4096; i++) free(held[i]);

@@ -120,46 +120,87 @@ impl Sites {
     /// nothing through the counted paths: the dump goes to a memfd, read back in a
     /// fixed buffer on the stack.
     pub fn read() -> Option<Sites> {
-        if !super::enabled() {
-            return None;
-        }
-        // SAFETY: a NUL-terminated name; flags as memfd_create takes them.
-        let fd = unsafe { libc::memfd_create(c"memquota-profile".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return None;
-        }
-        let mut path = [0u8; 40];
-        let mut w = crate::base::text::SliceWriter::new(&mut path[..39]);
-        let _ = write!(w, "/proc/self/fd/{fd}");
-        let name = path.as_ptr().cast::<libc::c_char>();
-        // SAFETY: `prof.dump` takes a `const char *`, here a NUL-terminated path (the
-        // buffer's last byte stays 0) that outlives the call.
-        let dumped = unsafe { tikv_jemalloc_ctl::raw::write(b"prof.dump\0", name) }.is_ok();
-        let sites =
-            if dumped { parse_fd(fd, super::RATE.load(crate::base::sync::Ordering::Relaxed)) } else { None };
-        // SAFETY: our own descriptor, closed once.
-        unsafe { libc::close(fd) };
-        sites
+        let mut top = Top::new(super::RATE.load(crate::base::sync::Ordering::Relaxed));
+        dump(&mut top).then_some(top.sites)
     }
 }
 
-/// Reads a heap_v2 dump from `fd` (from its start) line by line.
+/// The frames of a record's stack that are read (the hook keeps 32); a deeper
+/// stack's outer frames are dropped.
+pub(super) const STACK: usize = 64;
+
+/// One record of a heap_v2 dump: a stack, innermost first, and its sampled figures
+/// as jemalloc wrote them (unscaled: [`unsample`] scales them).
+pub(super) struct Record<'a> {
+    /// Return addresses (an address below 4096 is a tag, not a frame).
+    pub stack: &'a [u64],
+    /// Sampled blocks live, and their bytes.
+    pub count: u64,
+    pub bytes: u64,
+    /// Sampled blocks since the profile began (`prof_accum`; 0 without it), and
+    /// their bytes.
+    pub acc_count: u64,
+    pub acc_bytes: u64,
+}
+
+/// A line of the dump's `MAPPED_LIBRARIES` (the process's `/proc/self/maps`).
+pub(super) struct MapLine<'a> {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    /// Empty for an anonymous mapping.
+    pub path: &'a [u8],
+}
+
+/// A reader of a heap_v2 dump: the one place the format is parsed is [`read_fd`],
+/// which calls these in the dump's order.
+pub(super) trait Visit {
+    /// The mean bytes between samples (the `heap_v2/RATE` header).
+    fn rate(&mut self, rate: u64);
+    /// A stack's record.
+    fn record(&mut self, record: &Record<'_>);
+    /// A mapping, after every record.
+    fn map(&mut self, _line: &MapLine<'_>) {}
+    /// The records are over (the mappings begin, or the dump ends).
+    fn records_done(&mut self) {}
+}
+
+/// Dumps the live profile (`prof.dump`) into a memfd and reads it into `v`. False
+/// when the profile is off or cannot be dumped. Allocates nothing through the
+/// counted paths: jemalloc's bookkeeping of the dump uses its internal arena, and
+/// the reading is in a fixed buffer on the stack.
+pub(super) fn dump(v: &mut impl Visit) -> bool {
+    if !super::enabled() {
+        return false;
+    }
+    // SAFETY: a NUL-terminated name; flags as memfd_create takes them.
+    let fd = unsafe { libc::memfd_create(c"memquota-profile".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return false;
+    }
+    let mut path = [0u8; 40];
+    let mut w = crate::base::text::SliceWriter::new(&mut path[..39]);
+    let _ = write!(w, "/proc/self/fd/{fd}");
+    let name = path.as_ptr().cast::<libc::c_char>();
+    // SAFETY: `prof.dump` takes a `const char *`, here a NUL-terminated path (the
+    // buffer's last byte stays 0) that outlives the call.
+    let dumped = unsafe { tikv_jemalloc_ctl::raw::write(b"prof.dump\0", name) }.is_ok();
+    let read = dumped && read_fd(fd, v);
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(fd) };
+    read
+}
+
+/// Reads the top sites from a heap_v2 dump in `fd`.
+#[cfg(test)]
 fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
-    let mut parser = Parser {
-        sites: Sites::new(),
-        pooled: [Site::default(); POOL],
-        pool_len: 0,
-        rate,
-        stack: [0; FRAMES],
-        depth: 0,
-        in_stack: false,
-        maps: false,
-        skip_rest: false,
-        base_path: [0; PATH],
-        base_len: 0,
-        base: 0,
-    };
-    parser.sites.rate = rate;
+    let mut top = Top::new(rate);
+    read_fd(fd, &mut top).then_some(top.sites)
+}
+
+/// Reads a heap_v2 dump from `fd` (from its start) line by line into `v`.
+pub(super) fn read_fd(fd: c_int, v: &mut impl Visit) -> bool {
+    let mut lines = Lines { v, stack: [0; STACK], depth: 0, in_stack: false, maps: false, skip_rest: false };
     let mut buf = [0u8; 8192];
     let mut have = 0usize;
     let mut offset: i64 = 0;
@@ -167,51 +208,113 @@ fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
         // SAFETY: reads into the free part of `buf`.
         let n = unsafe { libc::pread(fd, buf[have..].as_mut_ptr().cast(), buf.len() - have, offset) };
         if n < 0 {
-            return None;
+            return false;
         }
         let n = n as usize;
         offset += n as i64;
         have += n;
         let mut start = 0;
         while let Some(end) = buf[start..have].iter().position(|&b| b == b'\n') {
-            parser.line(&buf[start..start + end]);
+            lines.line(&buf[start..start + end]);
             start += end + 1;
         }
         if n == 0 {
             if start < have {
-                parser.line(&buf[start..have]);
+                lines.line(&buf[start..have]);
             }
-            parser.rank();
-            break;
+            if !lines.maps {
+                lines.v.records_done();
+            }
+            return true;
         }
         if start == 0 && have == buf.len() {
             // A line longer than the buffer (a stack of hundreds of frames): its head
             // is enough, the rest is dropped.
-            parser.line(&buf[..have]);
-            parser.skip_rest = true;
+            lines.line(&buf[..have]);
+            lines.skip_rest = true;
             have = 0;
             continue;
         }
         buf.copy_within(start..have, 0);
         have -= start;
     }
-    Some(parser.sites)
+}
+
+/// The line parser of [`read_fd`].
+struct Lines<'v, V: Visit> {
+    v: &'v mut V,
+    /// The stack of the record being read.
+    stack: [u64; STACK],
+    depth: usize,
+    in_stack: bool,
+    maps: bool,
+    skip_rest: bool,
+}
+
+impl<V: Visit> Lines<'_, V> {
+    fn line(&mut self, line: &[u8]) {
+        if self.skip_rest {
+            self.skip_rest = false;
+            return;
+        }
+        if self.maps {
+            if let Some(m) = map_line(line) {
+                self.v.map(&m);
+            }
+        } else if let Some(rest) = line.strip_prefix(b"heap_v2/") {
+            if let Some(r) = dec(rest) {
+                self.v.rate(r);
+            }
+        } else if let Some(rest) = line.strip_prefix(b"@ ") {
+            self.depth = 0;
+            for word in rest.split(|&b| b == b' ') {
+                if self.depth == STACK {
+                    break;
+                }
+                if let Some(a) = hex(word) {
+                    self.stack[self.depth] = a;
+                    self.depth += 1;
+                }
+            }
+            self.in_stack = true;
+        } else if let Some(rest) = line.strip_prefix(b"  t*: ") {
+            // "count: bytes [accumulated count: accumulated bytes]". The header's own
+            // total is left: the records' are each scaled by their own mean size.
+            let mut parts = rest.split(|&b| b == b':' || b == b' ' || b == b'[' || b == b']');
+            let mut next = || parts.find(|p| !p.is_empty()).and_then(dec);
+            let (Some(count), Some(bytes)) = (next(), next()) else { return };
+            let (acc_count, acc_bytes) = (next().unwrap_or(0), next().unwrap_or(0));
+            if self.in_stack {
+                let record = Record { stack: &self.stack[..self.depth], count, bytes, acc_count, acc_bytes };
+                self.v.record(&record);
+                self.in_stack = false;
+            }
+        } else if line == b"MAPPED_LIBRARIES:" {
+            self.v.records_done();
+            self.maps = true;
+        }
+    }
+}
+
+/// `start-end perms offset dev inode path`.
+fn map_line(line: &[u8]) -> Option<MapLine<'_>> {
+    let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
+    let (range, _perms, off, _dev, _inode) =
+        (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let path = fields.next().unwrap_or_default();
+    let dash = range.iter().position(|&b| b == b'-')?;
+    Some(MapLine { start: hex(&range[..dash])?, end: hex(&range[dash + 1..])?, offset: hex(off)?, path })
 }
 
 /// Sites a dump's records are gathered into before the top ones are kept.
 const POOL: usize = 32;
 
-struct Parser {
+/// The top sites of a dump, in fixed storage.
+struct Top {
     sites: Sites,
     pooled: [Site; POOL],
     pool_len: usize,
     rate: u64,
-    /// The stack of the record being read.
-    stack: [u64; FRAMES],
-    depth: usize,
-    in_stack: bool,
-    maps: bool,
-    skip_rest: bool,
     /// The last object seen at file offset 0: its path and load address.
     base_path: [u8; PATH],
     base_len: usize,
@@ -243,7 +346,7 @@ fn dec(s: &[u8]) -> Option<u64> {
 
 /// pprof's and jeprof's scaling of a sampled count: each block of `avg` bytes was
 /// sampled with probability `1 - exp(-avg / rate)`.
-fn unsample(count: u64, bytes: u64, rate: u64) -> (u64, u64) {
+pub(super) fn unsample(count: u64, bytes: u64, rate: u64) -> (u64, u64) {
     if count == 0 || rate == 0 {
         return (count, bytes);
     }
@@ -255,52 +358,71 @@ fn unsample(count: u64, bytes: u64, rate: u64) -> (u64, u64) {
     ((count as f64 / p) as u64, (bytes as f64 / p) as u64)
 }
 
-impl Parser {
-    fn line(&mut self, line: &[u8]) {
-        if self.skip_rest {
-            self.skip_rest = false;
+impl Visit for Top {
+    fn rate(&mut self, rate: u64) {
+        self.rate = rate;
+        self.sites.rate = rate;
+    }
+
+    fn record(&mut self, r: &Record<'_>) {
+        let (blocks, bytes) = unsample(r.count, r.bytes, self.rate);
+        self.sites.total = self.sites.total.saturating_add(bytes);
+        let depth = r.stack.len().min(FRAMES);
+        let mut site = Site { bytes, blocks, depth, ..Site::default() };
+        for (f, &a) in site.frames.iter_mut().zip(&r.stack[..depth]) {
+            *f = Frame { addr: a, object: u8::MAX, rel: 0 };
+        }
+        self.pool(site);
+    }
+
+    fn records_done(&mut self) {
+        self.rank();
+    }
+
+    /// The frames of the kept sites that lie in this mapping get their object and
+    /// address.
+    fn map(&mut self, m: &MapLine<'_>) {
+        let (start, end, off, path) = (m.start, m.end, m.offset, m.path);
+        if path.is_empty() || path[0] != b'/' {
             return;
         }
-        if self.maps {
-            self.map_line(line);
-        } else if let Some(rest) = line.strip_prefix(b"heap_v2/") {
-            if let Some(r) = dec(rest) {
-                self.rate = r;
-                self.sites.rate = r;
-            }
-        } else if let Some(rest) = line.strip_prefix(b"@ ") {
-            self.depth = 0;
-            for word in rest.split(|&b| b == b' ') {
-                if self.depth == FRAMES {
-                    break;
+        if off == 0 {
+            let n = path.len().min(PATH);
+            self.base_path[..n].copy_from_slice(&path[..n]);
+            self.base_len = n;
+            self.base = start;
+        }
+        let load = if self.base_path[..self.base_len] == path[..path.len().min(PATH)] {
+            self.base
+        } else {
+            start.wrapping_sub(off)
+        };
+        for i in 0..self.sites.len {
+            for j in 0..self.sites.sites[i].depth {
+                let a = self.sites.sites[i].frames[j].addr;
+                if a >= start && a < end && self.sites.sites[i].frames[j].object == u8::MAX {
+                    let object = self.sites.intern(path);
+                    let f = &mut self.sites.sites[i].frames[j];
+                    f.object = object;
+                    f.rel = a.wrapping_sub(1).wrapping_sub(load);
                 }
-                if let Some(a) = hex(word) {
-                    self.stack[self.depth] = a;
-                    self.depth += 1;
-                }
             }
-            self.in_stack = true;
-        } else if let Some(rest) = line.strip_prefix(b"  t*: ") {
-            // "count: bytes [accumulated]"
-            let mut parts = rest.split(|&b| b == b':' || b == b' ' || b == b'[').filter(|p| !p.is_empty());
-            let (Some(count), Some(bytes)) = (parts.next().and_then(dec), parts.next().and_then(dec)) else {
-                return;
-            };
-            let (blocks, bytes) = unsample(count, bytes, self.rate);
-            if self.in_stack {
-                self.sites.total = self.sites.total.saturating_add(bytes);
-                let mut site = Site { bytes, blocks, depth: self.depth, ..Site::default() };
-                for (f, &a) in site.frames.iter_mut().zip(&self.stack[..self.depth]) {
-                    *f = Frame { addr: a, object: u8::MAX, rel: 0 };
-                }
-                self.pool(site);
-                self.in_stack = false;
-            }
-            // The header's own total is left: the records' are each scaled by their
-            // own mean size.
-        } else if line == b"MAPPED_LIBRARIES:" {
-            self.rank();
-            self.maps = true;
+        }
+    }
+}
+
+impl Top {
+    fn new(rate: u64) -> Top {
+        let mut sites = Sites::new();
+        sites.rate = rate;
+        Top {
+            sites,
+            pooled: [Site::default(); POOL],
+            pool_len: 0,
+            rate,
+            base_path: [0; PATH],
+            base_len: 0,
+            base: 0,
         }
     }
 
@@ -340,48 +462,6 @@ impl Parser {
             self.sites.insert(site);
         }
         self.pool_len = 0;
-    }
-
-    /// `start-end perms offset dev inode path`: the frames of the kept sites that lie
-    /// in this mapping get their object and address.
-    fn map_line(&mut self, line: &[u8]) {
-        let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
-        let (Some(range), Some(_perms), Some(off), Some(_dev), Some(_inode)) =
-            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            return;
-        };
-        let path = fields.next().unwrap_or_default();
-        let Some(dash) = range.iter().position(|&b| b == b'-') else { return };
-        let (Some(start), Some(end), Some(off)) = (hex(&range[..dash]), hex(&range[dash + 1..]), hex(off))
-        else {
-            return;
-        };
-        if path.is_empty() || path[0] != b'/' {
-            return;
-        }
-        if off == 0 {
-            let n = path.len().min(PATH);
-            self.base_path[..n].copy_from_slice(&path[..n]);
-            self.base_len = n;
-            self.base = start;
-        }
-        let load = if self.base_path[..self.base_len] == path[..path.len().min(PATH)] {
-            self.base
-        } else {
-            start.wrapping_sub(off)
-        };
-        for i in 0..self.sites.len {
-            for j in 0..self.sites.sites[i].depth {
-                let a = self.sites.sites[i].frames[j].addr;
-                if a >= start && a < end && self.sites.sites[i].frames[j].object == u8::MAX {
-                    let object = self.sites.intern(path);
-                    let f = &mut self.sites.sites[i].frames[j];
-                    f.object = object;
-                    f.rel = a.wrapping_sub(1).wrapping_sub(load);
-                }
-            }
-        }
     }
 }
 
@@ -495,5 +575,41 @@ mod tests {
             comments.contains("% /tmp/two+0x118d /tmp/two+0x1074 /usr/lib/libc.so.6+0x27249\n"),
             "{comments}"
         );
+    }
+
+    /// Every record reaches a reader whole: its full stack (deeper than a site's
+    /// frames) and the accumulated figures `prof_accum` adds.
+    #[test]
+    fn a_reader_gets_each_records_stack_and_accumulated_figures() {
+        #[derive(Default)]
+        struct Seen(u64, Vec<(Vec<u64>, [u64; 4])>, usize, bool);
+        impl Visit for Seen {
+            fn rate(&mut self, rate: u64) {
+                self.0 = rate;
+            }
+            fn record(&mut self, r: &Record<'_>) {
+                self.1.push((r.stack.to_vec(), [r.count, r.bytes, r.acc_count, r.acc_bytes]));
+            }
+            fn map(&mut self, _: &MapLine<'_>) {
+                self.2 += 1;
+            }
+            fn records_done(&mut self) {
+                self.3 = self.2 == 0;
+            }
+        }
+        let dump = "heap_v2/16384\n  t*: 3: 300 [9: 900]\n@ 0x1 0x2 0x3 0x4 0x5 0x6\n  t*: 3: 300 [9: 900]\n\
+            @ 0x7\n  t*: 0: 0 [4: 4096]\n\nMAPPED_LIBRARIES:\n1000-2000 r-xp 00000000 fe:00 1 /bin/x\n";
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: writes the bytes of `dump` to our own descriptor.
+        assert_eq!(unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) }, dump.len() as isize);
+        let mut seen = Seen::default();
+        assert!(read_fd(fd, &mut seen));
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+        assert_eq!(seen.0, 16384);
+        assert_eq!(seen.1, vec![(vec![1, 2, 3, 4, 5, 6], [3, 300, 9, 900]), (vec![7], [0, 0, 4, 4096])]);
+        assert_eq!(seen.2, 1);
+        assert!(seen.3, "the records end before the mappings");
     }
 }

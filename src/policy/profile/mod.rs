@@ -12,13 +12,17 @@
 //! the dump uses its internal arena). Frames are return addresses shown as the
 //! object and its address (`OBJECT+0xADDR`, what `addr2line -e OBJECT` reads): names
 //! need symbol tables and allocation, so they are left to a reader with a heap
-//! (`memquota run`, a test, a later pprof export). docs/design.md, "Allocation sites".
-//! `hook` captures the stacks, `dump` reads and writes the sites.
+//! (`memquota run`, a test, pprof reading the profile `pprof` encodes for the
+//! endpoint and the flight recorder). docs/design.md, "Allocation sites". `hook`
+//! captures the stacks, `dump` reads the dump (the one parser of heap_v2) and writes
+//! the sites, `pprof` encodes the profile.
 
 mod dump;
 mod hook;
+mod pprof;
 
 pub use dump::{write_site_comments, write_sites, Sites};
+pub use pprof::heap_profile;
 
 use crate::base::sync::{
     AtomicBool, AtomicU64,
@@ -51,6 +55,12 @@ static APPLYING: AtomicBool = AtomicBool::new(false);
 static SET_UP: AtomicBool = AtomicBool::new(false);
 /// The mean sampling interval in force, in bytes.
 static RATE: AtomicU64 = AtomicU64::new(0);
+
+/// Whether jemalloc can profile (`opt.prof`: built with profiling, not turned off by
+/// the options it read at its start).
+pub fn available() -> bool {
+    ctl_read::<bool>(b"opt.prof\0") == Some(true)
+}
 
 /// Whether the profile is being taken.
 pub fn enabled() -> bool {
