@@ -13,6 +13,13 @@ pub const FRAMES: usize = 4;
 const OBJECTS: usize = 8;
 /// The longest object path kept.
 const PATH: usize = 192;
+/// Scopes whose own sites a read keeps, the largest first.
+pub const SCOPES: usize = 4;
+/// Sites kept per scope (and as many again of its unreserved bytes).
+pub const PER_SCOPE: usize = 3;
+/// Frames below this are no return address (no code lies in the first page): the
+/// stack hook's scope tag, `ledger::tables::tags`.
+const TAG_BELOW: u64 = 4096;
 
 /// A frame of a site: its return address, and where it lies.
 #[derive(Clone, Copy, Default, Debug)]
@@ -33,10 +40,67 @@ pub struct Site {
     pub bytes: u64,
     /// Estimated live blocks.
     pub blocks: u64,
+    /// Of `bytes`, those allocated in a scope while its allocations went past what
+    /// its reservations covered (only in a scope's sites).
+    pub unreserved: u64,
     /// The innermost frames outside the allocator.
     pub frames: [Frame; FRAMES],
     /// How many of `frames` are set.
     pub depth: usize,
+}
+
+impl Site {
+    const EMPTY: Site = Site {
+        bytes: 0,
+        blocks: 0,
+        unreserved: 0,
+        frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES],
+        depth: 0,
+    };
+}
+
+/// One scope's part of the profile: what its threads allocated that is still live,
+/// and its top sites.
+#[derive(Clone, Copy, Debug)]
+pub struct ScopeSites {
+    /// The scope, as `ledger::tables::tags::decode` gives it.
+    pub scope: u16,
+    /// Estimated live bytes its threads allocated.
+    pub bytes: u64,
+    /// Of them, those allocated while its allocations went past its reservations.
+    pub unreserved: u64,
+    /// Its top sites by live bytes, largest first.
+    pub top: [Site; PER_SCOPE],
+    /// How many of `top` are set.
+    pub len: usize,
+    /// Its top sites by unreserved bytes, largest first (only sites with some).
+    pub top_unreserved: [Site; PER_SCOPE],
+    /// How many of `top_unreserved` are set.
+    pub unreserved_len: usize,
+}
+
+impl ScopeSites {
+    const EMPTY: ScopeSites = ScopeSites {
+        scope: 0,
+        bytes: 0,
+        unreserved: 0,
+        top: [Site::EMPTY; PER_SCOPE],
+        len: 0,
+        top_unreserved: [Site::EMPTY; PER_SCOPE],
+        unreserved_len: 0,
+    };
+}
+
+/// Inserts `site` into the `len` sites of `top`, kept in decreasing order of `key`.
+fn insert_by(top: &mut [Site], len: &mut usize, site: Site, key: fn(&Site) -> u64) {
+    let at = top[..*len].iter().position(|s| key(s) < key(&site)).unwrap_or(*len);
+    if at >= top.len() {
+        return;
+    }
+    let end = (*len).min(top.len() - 1);
+    top.copy_within(at..end, at + 1);
+    top[at] = site;
+    *len = (*len + 1).min(top.len());
 }
 
 /// The top sites of live memory, read from the profile in fixed storage.
@@ -50,6 +114,10 @@ pub struct Sites {
     pub sites: [Site; TOP],
     /// How many of `sites` are set.
     pub len: usize,
+    /// The scopes with the most live bytes sampled in them, largest first.
+    pub scopes: [ScopeSites; SCOPES],
+    /// How many of `scopes` are set.
+    pub scopes_len: usize,
     paths: [[u8; PATH]; OBJECTS],
     path_len: [u8; OBJECTS],
     objects: usize,
@@ -64,17 +132,13 @@ impl Default for Sites {
 impl Sites {
     /// None.
     pub const fn new() -> Sites {
-        const SITE: Site = Site {
-            bytes: 0,
-            blocks: 0,
-            frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES],
-            depth: 0,
-        };
         Sites {
             rate: 0,
             total: 0,
-            sites: [SITE; TOP],
+            sites: [Site::EMPTY; TOP],
             len: 0,
+            scopes: [ScopeSites::EMPTY; SCOPES],
+            scopes_len: 0,
             paths: [[0; PATH]; OBJECTS],
             path_len: [0; OBJECTS],
             objects: 0,
@@ -106,20 +170,47 @@ impl Sites {
     }
 
     fn insert(&mut self, site: Site) {
-        let at = self.sites[..self.len].iter().position(|s| s.bytes < site.bytes).unwrap_or(self.len);
-        if at >= TOP {
-            return;
-        }
-        let end = self.len.min(TOP - 1);
-        self.sites.copy_within(at..end, at + 1);
-        self.sites[at] = site;
-        self.len = (self.len + 1).min(TOP);
+        insert_by(&mut self.sites, &mut self.len, site, |s| s.bytes);
     }
+
+    /// The part of scope `scope` (as `ledger::tables::tags::decode` gives it), if the
+    /// read kept it.
+    pub fn scope(&self, scope: u16) -> Option<&ScopeSites> {
+        self.scopes[..self.scopes_len].iter().find(|s| s.scope == scope)
+    }
+
+    /// Every kept site's frames, by a flat index: the top sites', then each scope's.
+    fn frame_mut(&mut self, k: usize) -> Option<&mut Frame> {
+        let per_site = FRAMES;
+        let global = TOP * per_site;
+        if k < global {
+            let site = &mut self.sites[k / per_site];
+            return (k % per_site < site.depth).then(|| &mut site.frames[k % per_site]);
+        }
+        let k = k - global;
+        let per_scope = 2 * PER_SCOPE * per_site;
+        let scope = self.scopes.get_mut(k / per_scope)?;
+        let k = k % per_scope;
+        let site = if k < PER_SCOPE * per_site {
+            &mut scope.top[k / per_site]
+        } else {
+            &mut scope.top_unreserved[(k - PER_SCOPE * per_site) / per_site]
+        };
+        (k % per_site < site.depth).then(|| &mut site.frames[k % per_site])
+    }
+
+    const FRAME_SLOTS: usize = (TOP + SCOPES * 2 * PER_SCOPE) * FRAMES;
 
     /// The live profile now, or None when it is off or cannot be read. Allocates
     /// nothing through the counted paths: the dump goes to a memfd, read back in a
     /// fixed buffer on the stack.
     pub fn read() -> Option<Sites> {
+        Sites::read_for(None)
+    }
+
+    /// As [`read`](Sites::read), keeping the sites of scope `only` (as
+    /// `ledger::tables::tags::decode` gives it) whatever its rank among the scopes.
+    pub fn read_for(only: Option<u16>) -> Option<Sites> {
         if !super::enabled() {
             return None;
         }
@@ -135,23 +226,30 @@ impl Sites {
         // SAFETY: `prof.dump` takes a `const char *`, here a NUL-terminated path (the
         // buffer's last byte stays 0) that outlives the call.
         let dumped = unsafe { tikv_jemalloc_ctl::raw::write(b"prof.dump\0", name) }.is_ok();
-        let sites =
-            if dumped { parse_fd(fd, super::RATE.load(crate::base::sync::Ordering::Relaxed)) } else { None };
+        let rate = super::RATE.load(crate::base::sync::Ordering::Relaxed);
+        let sites = if dumped { parse_fd(fd, rate, only) } else { None };
         // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(fd) };
         sites
     }
 }
 
-/// Reads a heap_v2 dump from `fd` (from its start) line by line.
-fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
+/// Reads a heap_v2 dump from `fd` (from its start) line by line; with `only`, that
+/// scope's sites are kept whatever its rank.
+fn parse_fd(fd: c_int, rate: u64, only: Option<u16>) -> Option<Sites> {
     let mut parser = Parser {
         sites: Sites::new(),
         pooled: [Site::default(); POOL],
         pool_len: 0,
+        scoped: [(0, Site::EMPTY); SCOPED_POOL],
+        scoped_len: 0,
+        totals: [(0, 0, 0); SCOPE_TOTALS],
+        totals_len: 0,
+        only,
         rate,
         stack: [0; FRAMES],
         depth: 0,
+        tag: 0,
         in_stack: false,
         maps: false,
         skip_rest: false,
@@ -200,15 +298,29 @@ fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
 
 /// Sites a dump's records are gathered into before the top ones are kept.
 const POOL: usize = 32;
+/// Sites of scopes, each with its scope, gathered the same way.
+const SCOPED_POOL: usize = 32;
+/// Scopes whose totals a read adds up before the largest are kept.
+const SCOPE_TOTALS: usize = 32;
 
 struct Parser {
     sites: Sites,
     pooled: [Site; POOL],
     pool_len: usize,
+    /// Sites of scopes: the scope, and the site with its unreserved bytes.
+    scoped: [(u16, Site); SCOPED_POOL],
+    scoped_len: usize,
+    /// Per scope: the scope, its live bytes, of them unreserved.
+    totals: [(u16, u64, u64); SCOPE_TOTALS],
+    totals_len: usize,
+    /// The scope kept whatever its rank.
+    only: Option<u16>,
     rate: u64,
     /// The stack of the record being read.
     stack: [u64; FRAMES],
     depth: usize,
+    /// Its scope tag (0: none).
+    tag: u64,
     in_stack: bool,
     maps: bool,
     skip_rest: bool,
@@ -241,6 +353,18 @@ fn dec(s: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// Two records are one site when their frames after the first are the same (the same
+/// callers, down to the function that called the allocator: a function may reach it
+/// by two calls, a face's fast and slow paths, and then two return addresses differ
+/// in the first frame only).
+fn same_site(a: &Site, b: &Site) -> bool {
+    a.depth == b.depth
+        && a.frames[usize::from(a.depth > 1)..a.depth]
+            .iter()
+            .zip(&b.frames[usize::from(b.depth > 1)..b.depth])
+            .all(|(x, y)| x.addr == y.addr)
+}
+
 /// pprof's and jeprof's scaling of a sampled count: each block of `avg` bytes was
 /// sampled with probability `1 - exp(-avg / rate)`.
 fn unsample(count: u64, bytes: u64, rate: u64) -> (u64, u64) {
@@ -270,11 +394,11 @@ impl Parser {
             }
         } else if let Some(rest) = line.strip_prefix(b"@ ") {
             self.depth = 0;
-            for word in rest.split(|&b| b == b' ') {
-                if self.depth == FRAMES {
-                    break;
-                }
-                if let Some(a) = hex(word) {
+            self.tag = 0;
+            for a in rest.split(|&b| b == b' ').filter_map(hex) {
+                if a < TAG_BELOW {
+                    self.tag = a;
+                } else if self.depth < FRAMES {
                     self.stack[self.depth] = a;
                     self.depth += 1;
                 }
@@ -294,6 +418,9 @@ impl Parser {
                     *f = Frame { addr: a, object: u8::MAX, rel: 0 };
                 }
                 self.pool(site);
+                if let Some((scope, unreserved)) = crate::ledger::tables::tags::decode(self.tag) {
+                    self.pool_scoped(scope, Site { unreserved: if unreserved { bytes } else { 0 }, ..site });
+                }
                 self.in_stack = false;
             }
             // The header's own total is left: the records' are each scaled by their
@@ -304,20 +431,10 @@ impl Parser {
         }
     }
 
-    /// Adds a record to the pool of sites: two stacks whose frames after the first
-    /// are the same are one site (the same callers, down to the function that called
-    /// the allocator: a function may reach it by two calls, a face's fast and slow
-    /// paths, and then two return addresses differ in the first frame only). When the
-    /// pool is full, a record larger than its smallest site replaces it.
+    /// Adds a record to the pool of sites ([`same_site`] merges two). When the pool is
+    /// full, a record larger than its smallest site replaces it.
     fn pool(&mut self, site: Site) {
-        let same = |a: &Site| {
-            a.depth == site.depth
-                && a.frames[usize::from(a.depth > 1)..a.depth]
-                    .iter()
-                    .zip(&site.frames[usize::from(site.depth > 1)..site.depth])
-                    .all(|(x, y)| x.addr == y.addr)
-        };
-        if let Some(p) = self.pooled[..self.pool_len].iter_mut().find(|p| same(p)) {
+        if let Some(p) = self.pooled[..self.pool_len].iter_mut().find(|p| same_site(p, &site)) {
             if site.bytes > p.bytes {
                 p.frames = site.frames;
             }
@@ -333,13 +450,62 @@ impl Parser {
         }
     }
 
-    /// The pool's top sites, once every record is in.
+    /// Adds a record of scope `scope` to its total and to the pool of scopes' sites, as
+    /// [`pool`](Parser::pool) does (the same site in two scopes is two sites).
+    fn pool_scoped(&mut self, scope: u16, site: Site) {
+        if let Some(t) = self.totals[..self.totals_len].iter_mut().find(|t| t.0 == scope) {
+            t.1 = t.1.saturating_add(site.bytes);
+            t.2 = t.2.saturating_add(site.unreserved);
+        } else if self.totals_len < SCOPE_TOTALS {
+            self.totals[self.totals_len] = (scope, site.bytes, site.unreserved);
+            self.totals_len += 1;
+        }
+        let same = |(s, a): &(u16, Site)| *s == scope && same_site(a, &site);
+        if let Some((_, p)) = self.scoped[..self.scoped_len].iter_mut().find(|p| same(p)) {
+            if site.bytes > p.bytes {
+                p.frames = site.frames;
+            }
+            p.bytes = p.bytes.saturating_add(site.bytes);
+            p.blocks = p.blocks.saturating_add(site.blocks);
+            p.unreserved = p.unreserved.saturating_add(site.unreserved);
+        } else if self.scoped_len < SCOPED_POOL {
+            self.scoped[self.scoped_len] = (scope, site);
+            self.scoped_len += 1;
+        } else if let Some(smallest) = self.scoped.iter_mut().min_by_key(|p| p.1.bytes) {
+            if smallest.1.bytes < site.bytes {
+                *smallest = (scope, site);
+            }
+        }
+    }
+
+    /// The pool's top sites, and the largest scopes' (with `only` first), once every
+    /// record is in.
     fn rank(&mut self) {
         for i in 0..self.pool_len {
             let site = self.pooled[i];
             self.sites.insert(site);
         }
         self.pool_len = 0;
+        if self.totals_len == 0 {
+            return; // ranked already (at the mapped objects), or no scope sampled
+        }
+        let only = self.only;
+        let key = |t: &(u16, u64, u64)| (Some(t.0) == only, t.1);
+        self.totals[..self.totals_len].sort_unstable_by_key(|t| std::cmp::Reverse(key(t)));
+        let kept = self.totals_len.min(SCOPES);
+        for (k, &(scope, bytes, unreserved)) in self.totals[..kept].iter().enumerate() {
+            let mut s = ScopeSites { scope, bytes, unreserved, ..ScopeSites::EMPTY };
+            for (_, site) in self.scoped[..self.scoped_len].iter().filter(|p| p.0 == scope) {
+                insert_by(&mut s.top, &mut s.len, *site, |x| x.bytes);
+                if site.unreserved > 0 {
+                    insert_by(&mut s.top_unreserved, &mut s.unreserved_len, *site, |x| x.unreserved);
+                }
+            }
+            self.sites.scopes[k] = s;
+        }
+        self.sites.scopes_len = kept;
+        self.totals_len = 0;
+        self.scoped_len = 0;
     }
 
     /// `start-end perms offset dev inode path`: the frames of the kept sites that lie
@@ -371,12 +537,12 @@ impl Parser {
         } else {
             start.wrapping_sub(off)
         };
-        for i in 0..self.sites.len {
-            for j in 0..self.sites.sites[i].depth {
-                let a = self.sites.sites[i].frames[j].addr;
-                if a >= start && a < end && self.sites.sites[i].frames[j].object == u8::MAX {
-                    let object = self.sites.intern(path);
-                    let f = &mut self.sites.sites[i].frames[j];
+        for k in 0..Sites::FRAME_SLOTS {
+            let Some(f) = self.sites.frame_mut(k) else { continue };
+            let a = f.addr;
+            if a >= start && a < end && f.object == u8::MAX {
+                let object = self.sites.intern(path);
+                if let Some(f) = self.sites.frame_mut(k) {
                     f.object = object;
                     f.rel = a.wrapping_sub(1).wrapping_sub(load);
                 }
@@ -402,19 +568,58 @@ pub fn write_sites(w: &mut impl Write, s: &Sites, label: &str) -> fmt::Result {
     for site in &s.sites[..s.len] {
         let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
         write!(w, "    {} in {} blocks  {share:.1}% ", Size(site.bytes), site.blocks)?;
-        let mut last = u8::MAX;
-        for (k, f) in site.frames[..site.depth].iter().enumerate() {
-            if k > 0 {
-                w.write_str(" <-")?;
-            }
-            match s.object(f.object) {
-                Some(_) if f.object == last => write!(w, " +{:#x}", f.rel)?,
-                Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
-                None => write!(w, " {:#x}", f.addr)?,
-            }
-            last = f.object;
+        write_frames(w, s, site)?;
+    }
+    Ok(())
+}
+
+/// A site's frames innermost first, as `OBJECT+0xADDR` (`+0xADDR` in the object of
+/// the frame before), and the line's end.
+fn write_frames(w: &mut impl Write, s: &Sites, site: &Site) -> fmt::Result {
+    let mut last = u8::MAX;
+    for (k, f) in site.frames[..site.depth].iter().enumerate() {
+        if k > 0 {
+            w.write_str(" <-")?;
         }
-        w.write_char('\n')?;
+        match s.object(f.object) {
+            Some(_) if f.object == last => write!(w, " +{:#x}", f.rel)?,
+            Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
+            None => write!(w, " {:#x}", f.addr)?,
+        }
+        last = f.object;
+    }
+    w.write_char('\n')
+}
+
+/// A scope's sites for the report's scope tree, under its line: what is live of its
+/// allocations and how much of it no reservation covered, then its top sites, each
+/// with its unreserved part, frames as [`write_sites`] writes them.
+pub fn write_scope_sites(w: &mut impl Write, s: &Sites, scope: &ScopeSites, indent: &str) -> fmt::Result {
+    writeln!(
+        w,
+        "{indent}sites: {:#} live, estimated from samples, {:#} of it unreserved (allocated past its reservations)",
+        Size(scope.bytes),
+        Size(scope.unreserved)
+    )?;
+    for site in &scope.top[..scope.len] {
+        write!(w, "{indent}  {} ({:#} unreserved) ", Size(site.bytes), Size(site.unreserved))?;
+        write_frames(w, s, site)?;
+    }
+    Ok(())
+}
+
+/// A scope's top sites by unreserved bytes: what its threads allocated, still live,
+/// while its allocations went past what its reservations covered. One line each,
+/// frames as [`write_sites`] writes them; nothing when none was sampled.
+pub fn write_unreserved_sites(
+    w: &mut impl Write,
+    s: &Sites,
+    scope: &ScopeSites,
+    indent: &str,
+) -> fmt::Result {
+    for site in &scope.top_unreserved[..scope.unreserved_len] {
+        write!(w, "{indent}{} unreserved of {} live ", Size(site.unreserved), Size(site.bytes))?;
+        write_frames(w, s, site)?;
     }
     Ok(())
 }
@@ -463,7 +668,7 @@ mod tests {
         // SAFETY: writes the bytes of `dump` to our own descriptor.
         let n = unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) };
         assert_eq!(n, dump.len() as isize);
-        let s = parse_fd(fd, 0).expect("parsed");
+        let s = parse_fd(fd, 0, None).expect("parsed");
         // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(fd) };
         assert_eq!(s.rate, 524288);
@@ -495,5 +700,46 @@ mod tests {
             comments.contains("% /tmp/two+0x118d /tmp/two+0x1074 /usr/lib/libc.so.6+0x27249\n"),
             "{comments}"
         );
+    }
+
+    /// Records tagged by the stack hook: the tag is no frame, and each scope gets its
+    /// own sites, with what was allocated past its reservations.
+    #[test]
+    fn tagged_records_are_each_scopes_own() {
+        use crate::ledger::tables::tags::{scope_part, tag};
+        let (a, b) = (tag(0, 1, true), tag(1, 2, false));
+        let covered_a = tag(0, 1, false);
+        let dump = format!(
+            "heap_v2/524288\n\
+            @ 0x55bc7c53b18e 0x55bc7c53b075 {a:#x}\n  t*: 4: 4194304 [0: 0]\n\
+            @ 0x55bc7c53b18e 0x55bc7c53b075 {covered_a:#x}\n  t*: 1: 1048576 [0: 0]\n\
+            @ 0x55bc7c53b1be 0x55bc7c53b085 {b:#x}\n  t*: 2: 2097152 [0: 0]\n\
+            @ 0x55bc7c53b100 0x55bc7c53b095\n  t*: 8: 8388608 [0: 0]\n\
+            \nMAPPED_LIBRARIES:\n\
+            55bc7c53a000-55bc7c53c000 r-xp 00000000 fe:00 10011056                   /tmp/two\n"
+        );
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: writes the bytes of `dump` to our own descriptor.
+        let n = unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) };
+        assert_eq!(n, dump.len() as isize);
+        let s = parse_fd(fd, 0, None).expect("parsed");
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+        assert_eq!(s.len, 3, "the tag is no frame: scope a's two records are one site");
+        assert!(s.sites.iter().all(|x| x.frames[..x.depth].iter().all(|f| f.addr >= TAG_BELOW)));
+        assert_eq!(s.scopes_len, 2);
+        let sa = s.scope(scope_part(0, 1)).expect("scope a");
+        assert_eq!(sa.len, 1);
+        assert_eq!(sa.top[0].depth, 2);
+        assert!(sa.unreserved > 0 && sa.unreserved < sa.bytes, "4 of its 5 MiB unreserved: {sa:?}");
+        assert_eq!(sa.top_unreserved[0].unreserved, sa.unreserved);
+        assert_eq!(s.object(sa.top[0].frames[0].object), Some("/tmp/two"), "its frames are placed");
+        let sb = s.scope(scope_part(1, 2)).expect("scope b");
+        assert_eq!((sb.unreserved, sb.unreserved_len), (0, 0));
+        assert!(sb.bytes < sa.bytes && s.scopes[0].scope == sa.scope, "the larger scope first");
+        let mut text = String::new();
+        write_unreserved_sites(&mut text, &s, sa, "").unwrap();
+        assert!(text.contains(" unreserved of ") && text.contains("/tmp/two+0x118d <- +0x1074\n"), "{text}");
     }
 }

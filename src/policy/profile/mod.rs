@@ -18,7 +18,7 @@
 mod dump;
 mod hook;
 
-pub use dump::{write_site_comments, write_sites, Sites};
+pub use dump::{write_scope_sites, write_site_comments, write_sites, write_unreserved_sites, Sites};
 
 use crate::base::sync::{
     AtomicBool, AtomicU64,
