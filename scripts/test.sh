@@ -67,6 +67,10 @@ say "DataFusion: memquota-datafusion (integrations/datafusion/, its own package 
 # and collect_query: a join planned again by sort-merge, a query no plan fits; queries at
 # once (tests/concurrent.rs): a light one completes while a heavy one spills or gives way.
 (cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 2400 cargo test --release)
+# An operator that allocates without reserving: its unreserved bytes by site in the
+# query's ResourcesExhausted (needs memquota's profile: the package's `profile` feature).
+(cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 1200 \
+    cargo test --release --features profile --test unreserved)
 # The README's DataFusion command runs to its end; a bad limit is a clear error, not a run.
 (cd integrations/datafusion && CARGO_TARGET_DIR=../../target/datafusion timeout 300 \
     cargo run --release --example query -- --limit 128m >/dev/null)

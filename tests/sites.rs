@@ -9,7 +9,7 @@
 mod pprof;
 mod support;
 
-use memquota::{Config, QuotaAlloc};
+use memquota::{Config, MemoryManager, QuotaAlloc};
 use std::hint::black_box;
 use std::process::Command;
 use std::time::Duration;
@@ -27,6 +27,7 @@ fn main() {
                 FINE,
             ),
             ("memory_freed_leaves_the_sites", memory_freed_leaves_the_sites, FINE),
+            ("each_scope_names_its_own_sites", each_scope_names_its_own_sites, FINE),
             (
                 "profile_sample_0_turns_the_profile_off",
                 profile_sample_0_turns_the_profile_off,
@@ -262,4 +263,118 @@ fn a_refusal_leaves_a_flight_record() {
     assert_eq!(records().len(), 2, "the first report of the next window writes the next record");
     drop((big, small));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 64 KiB blocks from the first scope's function.
+#[inline(never)]
+fn reader_site(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|_| black_box(vec![4u8; 64 * KIB as usize])).collect()
+}
+
+/// 64 KiB blocks from the second scope's function.
+#[inline(never)]
+fn writer_site(n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|_| black_box(vec![5u8; 64 * KIB as usize])).collect()
+}
+
+/// A scope's part of a report's tree: the sites under its line, each with its
+/// unreserved estimate.
+struct ScopeSite {
+    bytes: u64,
+    unreserved: u64,
+    names: Vec<String>,
+}
+
+/// The sites the report's tree lists under scope `name`.
+fn scope_sites(report: &str, name: &str) -> Vec<ScopeSite> {
+    let head = format!("scope \"{name}\"");
+    let mut lines = report.lines().skip_while(|l| !l.trim_start().starts_with(&head));
+    assert!(lines.next().is_some(), "scope {name} in the tree:\n{report}");
+    let mut out = Vec::new();
+    for line in lines.take_while(|l| l.starts_with("      ")) {
+        // "        24.0 MiB (25165824) (24.0 MiB unreserved) /obj+0x11cd <- +0x1084"
+        let Some((head, frames)) = line.split_once(" unreserved) ") else { continue };
+        let bytes = head.split(['(', ')']).nth(1).and_then(|b| b.parse().ok()).expect("bytes in parentheses");
+        let unreserved = head.rsplit_once('(').map(|(_, u)| u).and_then(parse_size).expect("unreserved");
+        out.push(ScopeSite { bytes, unreserved, names: names(frames) });
+    }
+    out
+}
+
+/// "24.0 MiB" as bytes (to a tenth of the unit).
+fn parse_size(s: &str) -> Option<u64> {
+    let (n, unit) = s.trim().split_once(' ')?;
+    let shift = match unit {
+        "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        _ => return None,
+    };
+    Some((n.parse::<f64>().ok()? * (1u64 << shift) as f64) as u64)
+}
+
+/// Each frame (`OBJECT+ADDR`, or `+ADDR` in the object of the frame before) named by
+/// `addr2line -f -i`.
+fn names(frames: &str) -> Vec<String> {
+    let mut object = String::new();
+    let mut names = Vec::new();
+    for frame in frames.split("<-").map(str::trim) {
+        let (obj, addr) = frame.rsplit_once('+').expect("OBJECT+ADDR");
+        if !obj.is_empty() {
+            object = obj.to_string();
+        }
+        let out = Command::new("addr2line")
+            .args(["-f", "-i", "-C", "-e", &object, addr])
+            .output()
+            .expect("addr2line");
+        names.extend(String::from_utf8_lossy(&out.stdout).lines().step_by(2).map(str::to_string));
+    }
+    names
+}
+
+/// Two scopes, each allocating from a function of its own: the report's scope tree
+/// names each scope's site under it, and not the other's. The first allocates with
+/// no reservation (24 MiB unreserved); the second inside the 16 MiB it reserved
+/// (none unreserved).
+fn each_scope_names_its_own_sites() {
+    let config = Config::from_env().expect("the environment's configuration").limit(64 * MIB);
+    memquota::init(config).unwrap();
+    memquota::set_report_hook(|_| {});
+    let mm = MemoryManager::global();
+    let reader = mm.begin("reader", 1, 0).unwrap();
+    let writer = mm.begin("writer", 2, 0).unwrap();
+    let read = {
+        let _in = reader.attach().unwrap();
+        reader_site(384)
+    };
+    let reservation = writer.reserve(16 * MIB).unwrap();
+    let written = {
+        let _in = writer.attach().unwrap();
+        writer_site(192)
+    };
+    let mut v: Vec<u8> = Vec::new();
+    assert!(v.try_reserve_exact(32 * MIB as usize).is_err(), "32 MiB past 40 MiB held is refused at 64 MiB");
+    let report = memquota::last_report().expect("a report");
+    println!("{report}");
+    let (r, w) = (scope_sites(&report, "reader"), scope_sites(&report, "writer"));
+    for s in r.iter().chain(&w) {
+        println!("  {} bytes, {} unreserved: {:?}", s.bytes, s.unreserved, s.names);
+    }
+    let has = |sites: &[ScopeSite], f: &str| sites.iter().any(|s| s.names.iter().any(|n| n.contains(f)));
+    assert!(named_site(&r, "reader_site").is_some(), "the reader's tree names reader_site:\n{report}");
+    assert!(!has(&r, "writer_site"), "and not the writer's site:\n{report}");
+    assert!(named_site(&w, "writer_site").is_some(), "the writer's tree names writer_site:\n{report}");
+    assert!(!has(&w, "reader_site"), "and not the reader's site:\n{report}");
+    let rs = named_site(&r, "reader_site").unwrap();
+    assert!(within(rs.bytes, 24 * MIB), "reader_site's 24 MiB within 25%: {}", rs.bytes);
+    assert!(within(rs.unreserved, 24 * MIB), "all of it unreserved: {}", rs.unreserved);
+    let ws = named_site(&w, "writer_site").unwrap();
+    assert!(within(ws.bytes, 12 * MIB), "writer_site's 12 MiB within 25%: {}", ws.bytes);
+    assert_eq!(ws.unreserved, 0, "inside its reservation:\n{report}");
+    drop((read, written, reservation));
+}
+
+fn named_site<'a>(sites: &'a [ScopeSite], function: &str) -> Option<&'a ScopeSite> {
+    sites.iter().find(|s| s.names.iter().any(|n| n.contains(function)))
 }

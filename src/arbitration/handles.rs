@@ -124,6 +124,27 @@ impl ScopeHandle {
         self.0
     }
 
+    /// The scope's unreserved bytes by allocation site, one line per site, the most
+    /// first (at most 3): what its threads allocated, still live, while the scope's
+    /// allocations went past what its reservations cover, so an engine can name the
+    /// code that allocates without reserving (`"{estimate} unreserved of {live} live
+    /// OBJECT+ADDR <- ..."`, frames innermost first, for `addr2line -f -e OBJECT
+    /// ADDR`). Estimated from the allocation-site profile (`MEMQUOTA_PROFILE_SAMPLE`);
+    /// `None` when it is off or the scope has ended, an empty string when no such
+    /// allocation of the scope was sampled. Reads the profile (a dump to a memfd):
+    /// for an error path, not for every request.
+    pub fn unreserved_sites(self) -> Option<String> {
+        let scope = POOL.lock().tag_scope(self.0)?;
+        let sites = crate::policy::profile::Sites::read_for(Some(scope))?;
+        crate::ledger::threads::unpoliced(|| {
+            let mut out = String::new();
+            if let Some(one) = sites.scope(scope) {
+                let _ = crate::policy::profile::write_unreserved_sites(&mut out, &sites, one, "");
+            }
+            Some(out)
+        })
+    }
+
     /// Whether the scope is still running.
     pub fn is_live(self) -> bool {
         POOL.lock().scope(self.0).is_some()

@@ -56,8 +56,10 @@ impl fmt::Display for SignedSize {
     }
 }
 
-/// Bytes an OOM report (or any fixed-buffer text) may take; longer text is cut.
-pub const CAPACITY: usize = 4096;
+/// Bytes an OOM report (or any fixed-buffer text) may take; longer text is cut. A
+/// report with scopes names each scope's top sites in its tree (up to 4 scopes of
+/// 4 lines each, about 3 KiB), before the top sites of the process.
+pub const CAPACITY: usize = 8192;
 
 /// A fixed-capacity text buffer: `fmt::Write` without a heap. Text past the capacity
 /// is dropped at a character boundary (and the write reports `fmt::Error`).
@@ -82,6 +84,11 @@ impl FixedBuf {
     /// Bytes written so far.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Forgets the text written so far.
+    pub fn clear(&mut self) {
+        self.len = 0;
     }
 }
 

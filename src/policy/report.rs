@@ -325,9 +325,12 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
     }
     let start = buf.len();
     let _ = write_report(&mut buf, refusal);
-    let mut last = FixedBuf::new();
-    let _ = last.write_str(&buf.as_str()[start..]);
-    *lock(&LAST) = last;
+    // Straight into the slot, not through a second buffer on this stack.
+    {
+        let mut last = lock(&LAST);
+        last.clear();
+        let _ = last.write_str(&buf.as_str()[start..]);
+    }
     FULL_REPORTS.fetch_add(1, Relaxed);
     call_hook(buf.as_str());
     let first = turn.first;
@@ -341,7 +344,14 @@ pub(crate) fn emit(turn: Turn, refusal: &Refusal) {
 
 fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     writeln!(w, "memquota: allocation refused: {} requested", Size(r.requested))?;
-    write_figures(w, r)?;
+    // Read before the figures, whose scope tree names each scope's sites under the
+    // tables' lock; written last, so that a long list of sites cannot crowd the
+    // figures out of the fixed buffer.
+    let sites = Sites::read();
+    if let Some(sites) = sites {
+        *lock(&LAST_SITES) = sites;
+    }
+    write_figures(w, r, sites.as_ref())?;
     match r.policy {
         OnOom::Null => writeln!(
             w,
@@ -349,26 +359,22 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
         )?,
         OnOom::Abort => writeln!(w, "  policy           abort")?,
     }
-    // Last, so that a long list of sites cannot crowd the figures out of the fixed
-    // buffer.
-    match Sites::read() {
-        Some(sites) => {
-            *lock(&LAST_SITES) = sites;
-            profile::write_sites(w, &sites, "top sites")
-        }
+    match sites {
+        Some(sites) => profile::write_sites(w, &sites, "top sites"),
         None => Ok(()),
     }
 }
 
 /// The report's figures without its first line and its policy line, for a face that
 /// refuses on its own terms and words those itself (`snapshot::report_now`).
+/// Each scope's sites come from a dump read here, when the profile is on.
 pub(crate) fn render_figures(r: &Refusal) -> FixedBuf {
     let mut buf = FixedBuf::new();
-    let _ = write_figures(&mut buf, r);
+    let _ = write_figures(&mut buf, r, Sites::read().as_ref());
     buf
 }
 
-fn write_figures(w: &mut impl Write, r: &Refusal) -> fmt::Result {
+fn write_figures<W: Write>(w: &mut W, r: &Refusal, sites: Option<&Sites>) -> fmt::Result {
     let s = &r.stats;
     let counted = match s.heap_mode {
         HeapMode::Committed => "committed",
@@ -431,7 +437,10 @@ fn write_figures(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     write_untracked_note(w, s.untracked, s.native, s)?;
     w.write_str("  cgroup           ")?;
     write_container(w, &s.container)?;
-    crate::ledger::tables::write_tree(w)?;
+    crate::ledger::tables::write_tree(w, &mut |w: &mut W, scope| match sites {
+        Some(s) => s.scope(scope).map_or(Ok(()), |one| profile::write_scope_sites(w, s, one, "      ")),
+        None => Ok(()),
+    })?;
     let j = &s.jemalloc;
     writeln!(
         w,

@@ -1,6 +1,7 @@
 //! The text of a refusal: DataFusion's `ResourcesExhausted` message, with why memquota
 //! refused, the queries (what each holds against its fair share, and for whom one gives
-//! way), the largest consumers (as DataFusion's `TrackConsumersPool` lists them) and
+//! way), the largest consumers (as DataFusion's `TrackConsumersPool` lists them), the
+//! query's unreserved bytes by site (with memquota's allocation-site profile on) and
 //! memquota's report figures (the budget, the queries' scopes, jemalloc's view).
 
 use crate::decide::{Refusal, Request};
@@ -40,6 +41,23 @@ pub(crate) fn top_consumers<'a>(lines: impl Iterator<Item = Line<'a>>) -> String
             size(l.reserved),
             size(l.peak)
         );
+    }
+    out
+}
+
+/// The query's unreserved bytes by site (`ScopeHandle::unreserved_sites`' lines), under
+/// a heading that says how to read them; nothing when no such allocation was sampled.
+pub(crate) fn unreserved(sites: &str) -> String {
+    if sites.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "Unreserved bytes of this query by site (live, allocated while the query held more than it \
+         reserved; estimated from memquota's profile, frames innermost first, OBJECT+ADDR for \
+         addr2line -f -e OBJECT ADDR):\n",
+    );
+    for line in sites.lines() {
+        let _ = writeln!(out, "  {line}");
     }
     out
 }

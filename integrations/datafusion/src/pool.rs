@@ -404,6 +404,13 @@ impl MemoryPool for MemquotaPool {
                 note = exhausted::waited_in_vain(&queries, scope.as_raw(), d);
             }
         }
+        // The query's unreserved sites follow its consumers. They are read from a
+        // profile dump: only for a refusal that fails its operator, whose message a
+        // user reads (a spiller's refusal makes it spill).
+        let mut top = top;
+        if let Some(sites) = scope.filter(|_| fails).and_then(ScopeHandle::unreserved_sites) {
+            top.push_str(&exhausted::unreserved(&sites));
+        }
         Err(DataFusionError::ResourcesExhausted(exhausted::message(
             consumer,
             reservation.size() as u64,

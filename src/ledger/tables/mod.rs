@@ -10,6 +10,7 @@ pub(crate) mod pool;
 pub(crate) mod retry;
 pub(crate) mod signal;
 pub(crate) mod spin;
+pub(crate) mod tags;
 
 pub use owner::OWNED_MIN;
 pub(crate) use pool::MAX_SCOPES;
@@ -64,7 +65,13 @@ pub(crate) fn set_refusing(handle: u64) {
 }
 
 /// The scope tree for the OOM report, led by the scope being refused, if any.
-pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
+/// `sites` writes a scope's allocation sites under its line, given the scope part of
+/// its sample tags (`tags::scope_part`); it runs under the tables' lock, so it may
+/// only format what was read before.
+pub(crate) fn write_tree<W: fmt::Write>(
+    w: &mut W,
+    sites: &mut dyn FnMut(&mut W, u16) -> fmt::Result,
+) -> fmt::Result {
     let refusing = REFUSING.swap(0, Relaxed);
     // The machine before the pool: its lock comes first.
     let r = retry::stats();
@@ -88,5 +95,5 @@ pub(crate) fn write_tree(w: &mut impl fmt::Write) -> fmt::Result {
     if let Some(s) = p.scope(refusing) {
         writeln!(w, "  refused for scope {:?} (id {})", s.name, s.id)?;
     }
-    p.write_tree(w)
+    p.write_tree(w, sites)
 }

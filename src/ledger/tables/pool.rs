@@ -16,6 +16,7 @@
 
 use super::budget::{self, Entry, FIRST_INDEX, MAX_BUDGETS};
 use super::spin::SpinLock;
+use super::tags;
 use crate::base::sync::{
     AtomicBool, AtomicU64,
     Ordering::{Relaxed, Release},
@@ -457,6 +458,13 @@ impl Pool {
         (key != 0 && c.live && c.gen == key >> 16).then_some(c)
     }
 
+    /// The scope part of the sample tags of the scope of `handle` (a budget's: the
+    /// scope it was drawn from), as `tags::decode` gives it, if live.
+    pub(crate) fn tag_scope(&self, handle: u64) -> Option<u16> {
+        let scope_key = self.task_of(handle);
+        self.scope(scope_key).map(|s| super::tags::scope_part(index(scope_key), s.gen))
+    }
+
     /// The handle of a scope's slot index, if live.
     pub(crate) fn handle_of(&self, index: usize) -> Option<u64> {
         let s = &self.scopes[index];
@@ -472,6 +480,7 @@ impl Pool {
         self.totals.begun += 1;
         BEGUN.fetch_add(1, Relaxed);
         SCOPES_USED.store(true, Release);
+        tags::publish_scope(i, Some(&self.scopes[i]));
         Some(key(gen, i))
     }
 
@@ -496,13 +505,15 @@ impl Pool {
         }
         // Its budgets end with it: their grants go, their blocks are unscoped now (in
         // its leak), and their keys go stale.
-        for b in self.budgets.iter_mut().filter(|b| b.scope == handle && !b.free()) {
+        for (j, b) in self.budgets.iter_mut().enumerate().filter(|(_, b)| b.scope == handle && !b.free()) {
             if b.live {
                 self.budgets_live -= 1;
                 self.totals.borrowed_bytes += u64::try_from(b.borrowed).unwrap_or(0);
             }
             *b = Entry { gen: b.gen, ..Entry::EMPTY };
+            tags::publish_budget(j, None, slot, 0, false);
         }
+        tags::publish_scope(slot, None);
         Some((s, s.used - s.held))
     }
 
@@ -583,7 +594,24 @@ impl Pool {
             self.budgets[slot] = b;
         }
         self.held_sum += dh;
+        self.publish_tags(scope_key, handle);
         Some(dh + passed)
+    }
+
+    /// Publishes the sample tags (`tags.rs`) of scope `scope_key` and, when `handle`
+    /// is a budget's key, of that budget: after every change of their figures.
+    fn publish_tags(&self, scope_key: u64, handle: u64) {
+        let i = index(scope_key);
+        let s = self.scope(scope_key);
+        // An ended scope's slot was cleared by `end`, and may hold a new scope now.
+        if s.is_some() {
+            tags::publish_scope(i, s);
+        }
+        if let Some(slot) = budget::slot_of(handle) {
+            let (gen, unreserved) =
+                s.map_or((0, false), |s| (s.gen, s.used.saturating_sub(s.in_budgets) > s.reserved));
+            tags::publish_budget(slot, self.budgets.get(slot), i, gen, unreserved);
+        }
     }
 
     /// Begins a budget drawn from scope `handle`, granted nothing yet; its key.
@@ -595,6 +623,7 @@ impl Pool {
         self.budgets[i] = Entry { gen, live: true, scope, ..Entry::EMPTY };
         self.budgets_live += 1;
         self.totals.budgets += 1;
+        self.publish_tags(scope, key(gen, FIRST_INDEX + i));
         Some(key(gen, FIRST_INDEX + i))
     }
 
@@ -617,6 +646,7 @@ impl Pool {
         });
         let dh = dh.unwrap_or(0);
         self.held_sum += dh;
+        self.publish_tags(b.scope, key);
         dh
     }
 
@@ -849,8 +879,13 @@ impl Pool {
     }
 
     /// The scope tree for an OOM report: every live scope, then its consumers, each
-    /// with current and peak bytes. Writes into a fixed buffer: no allocation.
-    pub(crate) fn write_tree(&self, w: &mut impl Write) -> fmt::Result {
+    /// with current and peak bytes, then what `sites` writes for it (given the scope
+    /// part of its sample tags). Writes into a fixed buffer: no allocation.
+    pub(crate) fn write_tree<W: Write>(
+        &self,
+        w: &mut W,
+        sites: &mut dyn FnMut(&mut W, u16) -> fmt::Result,
+    ) -> fmt::Result {
         if self.live == 0 {
             return Ok(());
         }
@@ -898,6 +933,7 @@ impl Pool {
                     crate::base::text::Size(c.spilled)
                 )?;
             }
+            sites(w, super::tags::scope_part(i, s.gen))?;
         }
         Ok(())
     }

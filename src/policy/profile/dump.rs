@@ -13,6 +13,13 @@ pub const FRAMES: usize = 4;
 const OBJECTS: usize = 8;
 /// The longest object path kept.
 const PATH: usize = 192;
+/// Scopes whose own sites a read keeps, the largest first.
+pub const SCOPES: usize = 4;
+/// Sites kept per scope (and as many again of its unreserved bytes).
+pub const PER_SCOPE: usize = 3;
+/// Frames below this are no return address (no code lies in the first page): the
+/// stack hook's scope tag, `ledger::tables::tags`.
+const TAG_BELOW: u64 = 4096;
 
 /// A frame of a site: its return address, and where it lies.
 #[derive(Clone, Copy, Default, Debug)]
@@ -33,10 +40,67 @@ pub struct Site {
     pub bytes: u64,
     /// Estimated live blocks.
     pub blocks: u64,
+    /// Of `bytes`, those allocated in a scope while its allocations went past what
+    /// its reservations covered (only in a scope's sites).
+    pub unreserved: u64,
     /// The innermost frames outside the allocator.
     pub frames: [Frame; FRAMES],
     /// How many of `frames` are set.
     pub depth: usize,
+}
+
+impl Site {
+    const EMPTY: Site = Site {
+        bytes: 0,
+        blocks: 0,
+        unreserved: 0,
+        frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES],
+        depth: 0,
+    };
+}
+
+/// One scope's part of the profile: what its threads allocated that is still live,
+/// and its top sites.
+#[derive(Clone, Copy, Debug)]
+pub struct ScopeSites {
+    /// The scope, as `ledger::tables::tags::decode` gives it.
+    pub scope: u16,
+    /// Estimated live bytes its threads allocated.
+    pub bytes: u64,
+    /// Of them, those allocated while its allocations went past its reservations.
+    pub unreserved: u64,
+    /// Its top sites by live bytes, largest first.
+    pub top: [Site; PER_SCOPE],
+    /// How many of `top` are set.
+    pub len: usize,
+    /// Its top sites by unreserved bytes, largest first (only sites with some).
+    pub top_unreserved: [Site; PER_SCOPE],
+    /// How many of `top_unreserved` are set.
+    pub unreserved_len: usize,
+}
+
+impl ScopeSites {
+    const EMPTY: ScopeSites = ScopeSites {
+        scope: 0,
+        bytes: 0,
+        unreserved: 0,
+        top: [Site::EMPTY; PER_SCOPE],
+        len: 0,
+        top_unreserved: [Site::EMPTY; PER_SCOPE],
+        unreserved_len: 0,
+    };
+}
+
+/// Inserts `site` into the `len` sites of `top`, kept in decreasing order of `key`.
+fn insert_by(top: &mut [Site], len: &mut usize, site: Site, key: fn(&Site) -> u64) {
+    let at = top[..*len].iter().position(|s| key(s) < key(&site)).unwrap_or(*len);
+    if at >= top.len() {
+        return;
+    }
+    let end = (*len).min(top.len() - 1);
+    top.copy_within(at..end, at + 1);
+    top[at] = site;
+    *len = (*len + 1).min(top.len());
 }
 
 /// The top sites of live memory, read from the profile in fixed storage.
@@ -50,6 +114,10 @@ pub struct Sites {
     pub sites: [Site; TOP],
     /// How many of `sites` are set.
     pub len: usize,
+    /// The scopes with the most live bytes sampled in them, largest first.
+    pub scopes: [ScopeSites; SCOPES],
+    /// How many of `scopes` are set.
+    pub scopes_len: usize,
     paths: [[u8; PATH]; OBJECTS],
     path_len: [u8; OBJECTS],
     objects: usize,
@@ -64,17 +132,13 @@ impl Default for Sites {
 impl Sites {
     /// None.
     pub const fn new() -> Sites {
-        const SITE: Site = Site {
-            bytes: 0,
-            blocks: 0,
-            frames: [Frame { addr: 0, object: u8::MAX, rel: 0 }; FRAMES],
-            depth: 0,
-        };
         Sites {
             rate: 0,
             total: 0,
-            sites: [SITE; TOP],
+            sites: [Site::EMPTY; TOP],
             len: 0,
+            scopes: [ScopeSites::EMPTY; SCOPES],
+            scopes_len: 0,
             paths: [[0; PATH]; OBJECTS],
             path_len: [0; OBJECTS],
             objects: 0,
@@ -106,21 +170,48 @@ impl Sites {
     }
 
     fn insert(&mut self, site: Site) {
-        let at = self.sites[..self.len].iter().position(|s| s.bytes < site.bytes).unwrap_or(self.len);
-        if at >= TOP {
-            return;
-        }
-        let end = self.len.min(TOP - 1);
-        self.sites.copy_within(at..end, at + 1);
-        self.sites[at] = site;
-        self.len = (self.len + 1).min(TOP);
+        insert_by(&mut self.sites, &mut self.len, site, |s| s.bytes);
     }
+
+    /// The part of scope `scope` (as `ledger::tables::tags::decode` gives it), if the
+    /// read kept it.
+    pub fn scope(&self, scope: u16) -> Option<&ScopeSites> {
+        self.scopes[..self.scopes_len].iter().find(|s| s.scope == scope)
+    }
+
+    /// Every kept site's frames, by a flat index: the top sites', then each scope's.
+    fn frame_mut(&mut self, k: usize) -> Option<&mut Frame> {
+        let per_site = FRAMES;
+        let global = TOP * per_site;
+        if k < global {
+            let site = &mut self.sites[k / per_site];
+            return (k % per_site < site.depth).then(|| &mut site.frames[k % per_site]);
+        }
+        let k = k - global;
+        let per_scope = 2 * PER_SCOPE * per_site;
+        let scope = self.scopes.get_mut(k / per_scope)?;
+        let k = k % per_scope;
+        let site = if k < PER_SCOPE * per_site {
+            &mut scope.top[k / per_site]
+        } else {
+            &mut scope.top_unreserved[(k - PER_SCOPE * per_site) / per_site]
+        };
+        (k % per_site < site.depth).then(|| &mut site.frames[k % per_site])
+    }
+
+    const FRAME_SLOTS: usize = (TOP + SCOPES * 2 * PER_SCOPE) * FRAMES;
 
     /// The live profile now, or None when it is off or cannot be read. Allocates
     /// nothing through the counted paths: the dump goes to a memfd, read back in a
     /// fixed buffer on the stack.
     pub fn read() -> Option<Sites> {
-        let mut top = Top::new(super::RATE.load(crate::base::sync::Ordering::Relaxed));
+        Sites::read_for(None)
+    }
+
+    /// As [`read`](Sites::read), keeping the sites of scope `only` (as
+    /// `ledger::tables::tags::decode` gives it) whatever its rank among the scopes.
+    pub fn read_for(only: Option<u16>) -> Option<Sites> {
+        let mut top = Top::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), only);
         dump(&mut top).then_some(top.sites)
     }
 }
@@ -191,10 +282,11 @@ pub(super) fn dump(v: &mut impl Visit) -> bool {
     read
 }
 
-/// Reads the top sites from a heap_v2 dump in `fd`.
+/// Reads the top sites from a heap_v2 dump in `fd`; with `only`, that scope's sites
+/// are kept whatever its rank.
 #[cfg(test)]
-fn parse_fd(fd: c_int, rate: u64) -> Option<Sites> {
-    let mut top = Top::new(rate);
+fn parse_fd(fd: c_int, rate: u64, only: Option<u16>) -> Option<Sites> {
+    let mut top = Top::new(rate, only);
     read_fd(fd, &mut top).then_some(top.sites)
 }
 
@@ -308,12 +400,24 @@ fn map_line(line: &[u8]) -> Option<MapLine<'_>> {
 
 /// Sites a dump's records are gathered into before the top ones are kept.
 const POOL: usize = 32;
+/// Sites of scopes, each with its scope, gathered the same way.
+const SCOPED_POOL: usize = 32;
+/// Scopes whose totals a read adds up before the largest are kept.
+const SCOPE_TOTALS: usize = 32;
 
 /// The top sites of a dump, in fixed storage.
 struct Top {
     sites: Sites,
     pooled: [Site; POOL],
     pool_len: usize,
+    /// Sites of scopes: the scope, and the site with its unreserved bytes.
+    scoped: [(u16, Site); SCOPED_POOL],
+    scoped_len: usize,
+    /// Per scope: the scope, its live bytes, of them unreserved.
+    totals: [(u16, u64, u64); SCOPE_TOTALS],
+    totals_len: usize,
+    /// The scope kept whatever its rank.
+    only: Option<u16>,
     rate: u64,
     /// The last object seen at file offset 0: its path and load address.
     base_path: [u8; PATH],
@@ -344,6 +448,18 @@ fn dec(s: &[u8]) -> Option<u64> {
     Some(v)
 }
 
+/// Two records are one site when their frames after the first are the same (the same
+/// callers, down to the function that called the allocator: a function may reach it
+/// by two calls, a face's fast and slow paths, and then two return addresses differ
+/// in the first frame only).
+fn same_site(a: &Site, b: &Site) -> bool {
+    a.depth == b.depth
+        && a.frames[usize::from(a.depth > 1)..a.depth]
+            .iter()
+            .zip(&b.frames[usize::from(b.depth > 1)..b.depth])
+            .all(|(x, y)| x.addr == y.addr)
+}
+
 /// pprof's and jeprof's scaling of a sampled count: each block of `avg` bytes was
 /// sampled with probability `1 - exp(-avg / rate)`.
 pub(super) fn unsample(count: u64, bytes: u64, rate: u64) -> (u64, u64) {
@@ -367,12 +483,21 @@ impl Visit for Top {
     fn record(&mut self, r: &Record<'_>) {
         let (blocks, bytes) = unsample(r.count, r.bytes, self.rate);
         self.sites.total = self.sites.total.saturating_add(bytes);
-        let depth = r.stack.len().min(FRAMES);
-        let mut site = Site { bytes, blocks, depth, ..Site::default() };
-        for (f, &a) in site.frames.iter_mut().zip(&r.stack[..depth]) {
-            *f = Frame { addr: a, object: u8::MAX, rel: 0 };
+        // The hook's scope tag, if any, is no frame.
+        let mut tag = 0;
+        let mut site = Site { bytes, blocks, ..Site::default() };
+        for &a in r.stack {
+            if a < TAG_BELOW {
+                tag = a;
+            } else if site.depth < FRAMES {
+                site.frames[site.depth] = Frame { addr: a, object: u8::MAX, rel: 0 };
+                site.depth += 1;
+            }
         }
         self.pool(site);
+        if let Some((scope, unreserved)) = crate::ledger::tables::tags::decode(tag) {
+            self.pool_scoped(scope, Site { unreserved: if unreserved { bytes } else { 0 }, ..site });
+        }
     }
 
     fn records_done(&mut self) {
@@ -397,12 +522,12 @@ impl Visit for Top {
         } else {
             start.wrapping_sub(off)
         };
-        for i in 0..self.sites.len {
-            for j in 0..self.sites.sites[i].depth {
-                let a = self.sites.sites[i].frames[j].addr;
-                if a >= start && a < end && self.sites.sites[i].frames[j].object == u8::MAX {
-                    let object = self.sites.intern(path);
-                    let f = &mut self.sites.sites[i].frames[j];
+        for k in 0..Sites::FRAME_SLOTS {
+            let Some(f) = self.sites.frame_mut(k) else { continue };
+            let a = f.addr;
+            if a >= start && a < end && f.object == u8::MAX {
+                let object = self.sites.intern(path);
+                if let Some(f) = self.sites.frame_mut(k) {
                     f.object = object;
                     f.rel = a.wrapping_sub(1).wrapping_sub(load);
                 }
@@ -412,13 +537,18 @@ impl Visit for Top {
 }
 
 impl Top {
-    fn new(rate: u64) -> Top {
+    fn new(rate: u64, only: Option<u16>) -> Top {
         let mut sites = Sites::new();
         sites.rate = rate;
         Top {
             sites,
             pooled: [Site::default(); POOL],
             pool_len: 0,
+            scoped: [(0, Site::EMPTY); SCOPED_POOL],
+            scoped_len: 0,
+            totals: [(0, 0, 0); SCOPE_TOTALS],
+            totals_len: 0,
+            only,
             rate,
             base_path: [0; PATH],
             base_len: 0,
@@ -426,20 +556,10 @@ impl Top {
         }
     }
 
-    /// Adds a record to the pool of sites: two stacks whose frames after the first
-    /// are the same are one site (the same callers, down to the function that called
-    /// the allocator: a function may reach it by two calls, a face's fast and slow
-    /// paths, and then two return addresses differ in the first frame only). When the
-    /// pool is full, a record larger than its smallest site replaces it.
+    /// Adds a record to the pool of sites ([`same_site`] merges two). When the pool is
+    /// full, a record larger than its smallest site replaces it.
     fn pool(&mut self, site: Site) {
-        let same = |a: &Site| {
-            a.depth == site.depth
-                && a.frames[usize::from(a.depth > 1)..a.depth]
-                    .iter()
-                    .zip(&site.frames[usize::from(site.depth > 1)..site.depth])
-                    .all(|(x, y)| x.addr == y.addr)
-        };
-        if let Some(p) = self.pooled[..self.pool_len].iter_mut().find(|p| same(p)) {
+        if let Some(p) = self.pooled[..self.pool_len].iter_mut().find(|p| same_site(p, &site)) {
             if site.bytes > p.bytes {
                 p.frames = site.frames;
             }
@@ -455,13 +575,62 @@ impl Top {
         }
     }
 
-    /// The pool's top sites, once every record is in.
+    /// Adds a record of scope `scope` to its total and to the pool of scopes' sites, as
+    /// [`pool`](Top::pool) does (the same site in two scopes is two sites).
+    fn pool_scoped(&mut self, scope: u16, site: Site) {
+        if let Some(t) = self.totals[..self.totals_len].iter_mut().find(|t| t.0 == scope) {
+            t.1 = t.1.saturating_add(site.bytes);
+            t.2 = t.2.saturating_add(site.unreserved);
+        } else if self.totals_len < SCOPE_TOTALS {
+            self.totals[self.totals_len] = (scope, site.bytes, site.unreserved);
+            self.totals_len += 1;
+        }
+        let same = |(s, a): &(u16, Site)| *s == scope && same_site(a, &site);
+        if let Some((_, p)) = self.scoped[..self.scoped_len].iter_mut().find(|p| same(p)) {
+            if site.bytes > p.bytes {
+                p.frames = site.frames;
+            }
+            p.bytes = p.bytes.saturating_add(site.bytes);
+            p.blocks = p.blocks.saturating_add(site.blocks);
+            p.unreserved = p.unreserved.saturating_add(site.unreserved);
+        } else if self.scoped_len < SCOPED_POOL {
+            self.scoped[self.scoped_len] = (scope, site);
+            self.scoped_len += 1;
+        } else if let Some(smallest) = self.scoped.iter_mut().min_by_key(|p| p.1.bytes) {
+            if smallest.1.bytes < site.bytes {
+                *smallest = (scope, site);
+            }
+        }
+    }
+
+    /// The pool's top sites, and the largest scopes' (with `only` first), once every
+    /// record is in.
     fn rank(&mut self) {
         for i in 0..self.pool_len {
             let site = self.pooled[i];
             self.sites.insert(site);
         }
         self.pool_len = 0;
+        if self.totals_len == 0 {
+            return; // ranked already (at the mapped objects), or no scope sampled
+        }
+        let only = self.only;
+        let key = |t: &(u16, u64, u64)| (Some(t.0) == only, t.1);
+        self.totals[..self.totals_len].sort_unstable_by_key(|t| std::cmp::Reverse(key(t)));
+        let kept = self.totals_len.min(SCOPES);
+        for (k, &(scope, bytes, unreserved)) in self.totals[..kept].iter().enumerate() {
+            let mut s = ScopeSites { scope, bytes, unreserved, ..ScopeSites::EMPTY };
+            for (_, site) in self.scoped[..self.scoped_len].iter().filter(|p| p.0 == scope) {
+                insert_by(&mut s.top, &mut s.len, *site, |x| x.bytes);
+                if site.unreserved > 0 {
+                    insert_by(&mut s.top_unreserved, &mut s.unreserved_len, *site, |x| x.unreserved);
+                }
+            }
+            self.sites.scopes[k] = s;
+        }
+        self.sites.scopes_len = kept;
+        self.totals_len = 0;
+        self.scoped_len = 0;
     }
 }
 
@@ -482,19 +651,58 @@ pub fn write_sites(w: &mut impl Write, s: &Sites, label: &str) -> fmt::Result {
     for site in &s.sites[..s.len] {
         let share = if s.total > 0 { site.bytes as f64 * 100.0 / s.total as f64 } else { 0.0 };
         write!(w, "    {} in {} blocks  {share:.1}% ", Size(site.bytes), site.blocks)?;
-        let mut last = u8::MAX;
-        for (k, f) in site.frames[..site.depth].iter().enumerate() {
-            if k > 0 {
-                w.write_str(" <-")?;
-            }
-            match s.object(f.object) {
-                Some(_) if f.object == last => write!(w, " +{:#x}", f.rel)?,
-                Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
-                None => write!(w, " {:#x}", f.addr)?,
-            }
-            last = f.object;
+        write_frames(w, s, site)?;
+    }
+    Ok(())
+}
+
+/// A site's frames innermost first, as `OBJECT+0xADDR` (`+0xADDR` in the object of
+/// the frame before), and the line's end.
+fn write_frames(w: &mut impl Write, s: &Sites, site: &Site) -> fmt::Result {
+    let mut last = u8::MAX;
+    for (k, f) in site.frames[..site.depth].iter().enumerate() {
+        if k > 0 {
+            w.write_str(" <-")?;
         }
-        w.write_char('\n')?;
+        match s.object(f.object) {
+            Some(_) if f.object == last => write!(w, " +{:#x}", f.rel)?,
+            Some(path) => write!(w, " {path}+{:#x}", f.rel)?,
+            None => write!(w, " {:#x}", f.addr)?,
+        }
+        last = f.object;
+    }
+    w.write_char('\n')
+}
+
+/// A scope's sites for the report's scope tree, under its line: what is live of its
+/// allocations and how much of it no reservation covered, then its top sites, each
+/// with its unreserved part, frames as [`write_sites`] writes them.
+pub fn write_scope_sites(w: &mut impl Write, s: &Sites, scope: &ScopeSites, indent: &str) -> fmt::Result {
+    writeln!(
+        w,
+        "{indent}sites: {:#} live, estimated from samples, {:#} of it unreserved (allocated past its reservations)",
+        Size(scope.bytes),
+        Size(scope.unreserved)
+    )?;
+    for site in &scope.top[..scope.len] {
+        write!(w, "{indent}  {} ({:#} unreserved) ", Size(site.bytes), Size(site.unreserved))?;
+        write_frames(w, s, site)?;
+    }
+    Ok(())
+}
+
+/// A scope's top sites by unreserved bytes: what its threads allocated, still live,
+/// while its allocations went past what its reservations covered. One line each,
+/// frames as [`write_sites`] writes them; nothing when none was sampled.
+pub fn write_unreserved_sites(
+    w: &mut impl Write,
+    s: &Sites,
+    scope: &ScopeSites,
+    indent: &str,
+) -> fmt::Result {
+    for site in &scope.top_unreserved[..scope.unreserved_len] {
+        write!(w, "{indent}{} unreserved of {} live ", Size(site.unreserved), Size(site.bytes))?;
+        write_frames(w, s, site)?;
     }
     Ok(())
 }
@@ -543,7 +751,7 @@ mod tests {
         // SAFETY: writes the bytes of `dump` to our own descriptor.
         let n = unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) };
         assert_eq!(n, dump.len() as isize);
-        let s = parse_fd(fd, 0).expect("parsed");
+        let s = parse_fd(fd, 0, None).expect("parsed");
         // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(fd) };
         assert_eq!(s.rate, 524288);
@@ -611,5 +819,46 @@ mod tests {
         assert_eq!(seen.1, vec![(vec![1, 2, 3, 4, 5, 6], [3, 300, 9, 900]), (vec![7], [0, 0, 4, 4096])]);
         assert_eq!(seen.2, 1);
         assert!(seen.3, "the records end before the mappings");
+    }
+
+    /// Records tagged by the stack hook: the tag is no frame, and each scope gets its
+    /// own sites, with what was allocated past its reservations.
+    #[test]
+    fn tagged_records_are_each_scopes_own() {
+        use crate::ledger::tables::tags::{scope_part, tag};
+        let (a, b) = (tag(0, 1, true), tag(1, 2, false));
+        let covered_a = tag(0, 1, false);
+        let dump = format!(
+            "heap_v2/524288\n\
+            @ 0x55bc7c53b18e 0x55bc7c53b075 {a:#x}\n  t*: 4: 4194304 [0: 0]\n\
+            @ 0x55bc7c53b18e 0x55bc7c53b075 {covered_a:#x}\n  t*: 1: 1048576 [0: 0]\n\
+            @ 0x55bc7c53b1be 0x55bc7c53b085 {b:#x}\n  t*: 2: 2097152 [0: 0]\n\
+            @ 0x55bc7c53b100 0x55bc7c53b095\n  t*: 8: 8388608 [0: 0]\n\
+            \nMAPPED_LIBRARIES:\n\
+            55bc7c53a000-55bc7c53c000 r-xp 00000000 fe:00 10011056                   /tmp/two\n"
+        );
+        // SAFETY: a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"test".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: writes the bytes of `dump` to our own descriptor.
+        let n = unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) };
+        assert_eq!(n, dump.len() as isize);
+        let s = parse_fd(fd, 0, None).expect("parsed");
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(fd) };
+        assert_eq!(s.len, 3, "the tag is no frame: scope a's two records are one site");
+        assert!(s.sites.iter().all(|x| x.frames[..x.depth].iter().all(|f| f.addr >= TAG_BELOW)));
+        assert_eq!(s.scopes_len, 2);
+        let sa = s.scope(scope_part(0, 1)).expect("scope a");
+        assert_eq!(sa.len, 1);
+        assert_eq!(sa.top[0].depth, 2);
+        assert!(sa.unreserved > 0 && sa.unreserved < sa.bytes, "4 of its 5 MiB unreserved: {sa:?}");
+        assert_eq!(sa.top_unreserved[0].unreserved, sa.unreserved);
+        assert_eq!(s.object(sa.top[0].frames[0].object), Some("/tmp/two"), "its frames are placed");
+        let sb = s.scope(scope_part(1, 2)).expect("scope b");
+        assert_eq!((sb.unreserved, sb.unreserved_len), (0, 0));
+        assert!(sb.bytes < sa.bytes && s.scopes[0].scope == sa.scope, "the larger scope first");
+        let mut text = String::new();
+        write_unreserved_sites(&mut text, &s, sa, "").unwrap();
+        assert!(text.contains(" unreserved of ") && text.contains("/tmp/two+0x118d <- +0x1074\n"), "{text}");
     }
 }

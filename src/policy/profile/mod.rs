@@ -21,7 +21,7 @@ mod dump;
 mod hook;
 mod pprof;
 
-pub use dump::{write_site_comments, write_sites, Sites};
+pub use dump::{write_scope_sites, write_site_comments, write_sites, write_unreserved_sites, Sites};
 pub use pprof::heap_profile;
 
 use crate::base::sync::{
