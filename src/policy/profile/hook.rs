@@ -202,38 +202,60 @@ extern "C" fn step(ctx: *mut c_void, arg: *mut c_void) -> c_int {
     }
     // SAFETY: as above.
     let start = unsafe { _Unwind_GetRegionStart(ctx) };
-    if w.calibrating != 0 {
-        if start == w.calibrating {
-            learn(&w.seen[..w.nseen]);
-            LEARNED.store(true, Release);
-            w.calibrating = 0;
-        } else if w.nseen < SKIP {
-            w.seen[w.nseen] = start;
-            w.nseen += 1;
+    if w.visit(ip, start) {
+        URC_NO_REASON
+    } else {
+        URC_END_OF_STACK
+    }
+}
+
+impl Walk {
+    /// One frame, innermost first (its return address, its function's start): false
+    /// once the stack is full.
+    fn visit(&mut self, ip: usize, start: usize) -> bool {
+        if ip == 0 {
+            return false;
         }
-    }
-    if w.skipping {
-        let own = (OWN_LO.load(Relaxed)..OWN_HI.load(Acquire)).contains(&ip);
-        if own || start == backtrace as *const () as usize || skipped(start) {
-            return URC_NO_REASON;
+        if self.calibrating != 0 {
+            if start == self.calibrating {
+                learn(&self.seen[..self.nseen]);
+                LEARNED.store(true, Release);
+                self.calibrating = 0;
+            } else if self.nseen < SKIP {
+                self.seen[self.nseen] = start;
+                self.nseen += 1;
+            }
         }
-        w.skipping = false;
+        if self.skipping {
+            let own = (OWN_LO.load(Relaxed)..OWN_HI.load(Acquire)).contains(&ip);
+            if own || start == backtrace as *const () as usize || skipped(start) {
+                return true;
+            }
+            self.skipping = false;
+        }
+        if self.n >= self.max {
+            return false;
+        }
+        // SAFETY: `vec` holds `max` slots (the hook's contract) and n < max.
+        unsafe { *self.vec.add(self.n) = ip as *mut c_void };
+        self.n += 1;
+        true
     }
-    if w.n >= w.max {
-        return URC_END_OF_STACK;
-    }
-    // SAFETY: `vec` holds `max` slots (the hook's contract) and n < max.
-    unsafe { *w.vec.add(w.n) = ip as *mut c_void };
-    w.n += 1;
-    URC_NO_REASON
+}
+
+/// Prepares the walk: false if it will be libgcc's on every sample.
+pub(super) fn prepare() -> bool {
+    super::unwind::set_up()
 }
 
 /// jemalloc's stack hook: the return addresses of the sampled allocation's stack,
 /// innermost first, from its caller on, and, for a thread in a scope, the scope's
 /// tag as the last frame (below 4096: no code lies there; `ledger::tables::tags`).
-/// libgcc's unwinder reads the unwind tables (frame pointers are not needed), takes
-/// no lock of memquota's and allocates nothing (glibc 2.35 and later find a frame's
-/// table with `_dl_find_object`, without the loader's lock); the tag is two loads.
+/// The walk is `unwind`'s (the frames' rules read once and kept) and, for a stack it
+/// declines, libgcc's unwinder. Both read the unwind tables (frame pointers are not
+/// needed), take no lock of memquota's and allocate nothing (glibc 2.35 and later
+/// find a frame's table with `_dl_find_object`, without the loader's lock); the tag
+/// is two loads.
 ///
 /// # Safety
 /// Called by jemalloc with `vec` holding `max` slots and `len` writable.
@@ -247,8 +269,12 @@ pub(super) unsafe extern "C" fn backtrace(vec: *mut *mut c_void, len: *mut c_uin
         seen: [0; SKIP],
         nseen: 0,
     };
-    // SAFETY: `step` only touches `walk`, which outlives the call.
-    unsafe { _Unwind_Backtrace(step, (&mut walk as *mut Walk).cast()) };
+    // Calibration learns function starts from libgcc's own walk.
+    if walk.calibrating != 0 || !super::unwind::walk(&mut |ip, start| walk.visit(ip, start)) {
+        (walk.n, walk.skipping) = (0, true);
+        // SAFETY: `step` only touches `walk`, which outlives the call.
+        unsafe { _Unwind_Backtrace(step, (&mut walk as *mut Walk).cast()) };
+    }
     // After the walk, and out of line: this frame, which the unwinder reads at every
     // sample, keeps the shape it had without the tag (measured: a tag read before the
     // walk cost 500 more instructions a sample in libgcc's CFA interpreter). A stack

@@ -20,6 +20,7 @@
 mod dump;
 mod hook;
 mod pprof;
+mod unwind;
 
 pub use dump::{write_scope_sites, write_site_comments, write_sites, write_unreserved_sites, Sites};
 pub use pprof::heap_profile;
@@ -122,6 +123,7 @@ pub(crate) fn after_fork_child() {
 fn set_up(sample: u64) -> bool {
     let hook: hook::BacktraceHook = hook::backtrace;
     hook::own_object();
+    hook::prepare();
     if !ctl_write(b"experimental.hooks.prof_backtrace\0", hook) {
         return false;
     }
