@@ -35,7 +35,7 @@ declare -A cmd=(
     [python]="/usr/bin/python3 $here/stdlib.py ${PY_FILES:-120}"
     [sqlite]="sh -c 'exec sqlite3 :memory: < $here/sqlite.sql'"
     [gcc]="gcc -O2 -c -I$zstd -I$zstd/common $zstd/compress/zstd_compress.c -o $work/z.o"
-    [java]="java -Xshare:auto -XX:TieredStopAtLevel=1 -Xmx256m -cp $work Churn 20"
+    [java]="java -Xshare:auto -XX:TieredStopAtLevel=1 -Xmx256m -cp $work Churn 100"
 )
 [ $# -gt 0 ] || set -- python sqlite gcc java
 programs=("$@")

@@ -1,4 +1,5 @@
-//! The stack hook jemalloc calls for each sampled allocation: libgcc's unwinder, the
+//! The stack hook jemalloc calls for each sampled allocation: `unwind`'s walk (each
+//! frame's rule read once and kept), libgcc's unwinder for what it declines, the
 //! allocator's own frames left out (those in memquota's object when it is a library,
 //! else the functions learned by allocating from functions of known address).
 
@@ -17,7 +18,8 @@ const DEPTH: usize = 32;
 /// `jemalloc.h`'s `prof_backtrace_hook_t`.
 pub(super) type BacktraceHook = unsafe extern "C" fn(*mut *mut c_void, *mut c_uint, c_uint);
 
-// libgcc's unwinder (libgcc_s, which std links): the same one jemalloc uses by default.
+// libgcc's unwinder (libgcc_s, which std links): the same one jemalloc uses by default;
+// here for the stacks `unwind` declines and for calibration.
 type UnwindTrace = extern "C" fn(*mut c_void, *mut c_void) -> c_int;
 extern "C" {
     fn _Unwind_Backtrace(trace: UnwindTrace, arg: *mut c_void) -> c_int;

@@ -5,7 +5,8 @@
 //! block is freed (a sampled small block is promoted to a page-aligned extent of its
 //! own, so its free finds it at no cost to other frees), and writes the live samples
 //! on `prof.dump`. memquota turns it on with `MEMQUOTA_PROFILE_SAMPLE` (a rate: 512k is
-//! Go's; off by default, for what the unwinder costs), captures the stacks itself (`backtrace`: libgcc's unwinder, the
+//! Go's; off by default, for what the unwinder costs), captures the stacks itself (`backtrace`: the unwind tables' rules
+//! read once per return address and kept, libgcc's unwinder for the rest, the
 //! allocator's own frames left out), and reads the top sites at a refusal: the dump
 //! goes to a memfd and is parsed line by line in a fixed buffer, so the refusing
 //! thread allocates nothing through the counted paths (jemalloc's own bookkeeping of
@@ -14,8 +15,8 @@
 //! need symbol tables and allocation, so they are left to a reader with a heap
 //! (`memquota run`, a test, pprof reading the profile `pprof` encodes for the
 //! endpoint and the flight recorder). docs/design.md, "Allocation sites". `hook`
-//! captures the stacks, `dump` reads the dump (the one parser of heap_v2) and writes
-//! the sites, `pprof` encodes the profile.
+//! captures the stacks (walked by `unwind`), `dump` reads the dump (the one parser of
+//! heap_v2) and writes the sites, `pprof` encodes the profile.
 
 mod dump;
 mod hook;

@@ -9,10 +9,10 @@
 //! frames this walk reproduces exactly (the test below compares them).
 //!
 //! Safe inside the allocator: no allocation, no lock (the table is a seqlock per slot
-//! whose writer gives up rather than wait), and the objects are checked on every
-//! frame with glibc's `_dl_find_object` (lock-free): a rule is used only for the
-//! object (its unwind table's address) it was read from, so a library unloaded and
-//! another loaded at its address does not inherit its rules.
+//! whose writer gives up rather than wait), and each frame's object is found with
+//! glibc's `_dl_find_object` (lock-free; once per run of frames in one object): a rule
+//! is used only for the object (its unwind table's address) it was read from, so a
+//! library unloaded and another loaded at its address does not inherit its rules.
 
 use crate::base::sync::{
     AtomicU64, AtomicUsize,
@@ -86,15 +86,34 @@ fn slot(ip: usize) -> &'static Slot {
     &TABLE[((ip as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize % SLOTS]
 }
 
+/// The object a walk met last: a frame of this thread's stack keeps its object
+/// loaded while the walk runs, so another frame in its range is in the same object.
+#[derive(Clone, Copy)]
+struct Object {
+    lo: usize,
+    hi: usize,
+    eh_frame: usize,
+}
+
 /// The rule for the frame whose return address is `ip`, and its function's start.
-fn rule(ip: usize, find: FindObject) -> (u64, usize) {
+fn rule(ip: usize, find: FindObject, last: &mut Object) -> (u64, usize) {
     let pc = ip - 1;
-    // SAFETY: all-zero is a valid `dl_find_object` (integers and pointers).
-    let mut obj: DlFindObject = unsafe { std::mem::zeroed() };
-    // SAFETY: `find` is glibc's `_dl_find_object`, which only reads the loader's
-    // lock-free table and writes `obj`.
-    let found = unsafe { find(pc as *mut c_void, &mut obj) } == 0;
-    let object = if found { obj.eh_frame } else { 0 };
+    let found = if (last.lo..last.hi).contains(&pc) {
+        true
+    } else {
+        // SAFETY: all-zero is a valid `dl_find_object` (integers and pointers).
+        let mut obj: DlFindObject = unsafe { std::mem::zeroed() };
+        // SAFETY: `find` is glibc's `_dl_find_object`, which only reads the loader's
+        // lock-free table and writes `obj`.
+        let found = unsafe { find(pc as *mut c_void, &mut obj) } == 0;
+        *last = if found {
+            Object { lo: obj.map_start, hi: obj.map_end, eh_frame: obj.eh_frame }
+        } else {
+            Object { lo: 0, hi: 0, eh_frame: 0 }
+        };
+        found
+    };
+    let object = last.eh_frame;
     let s = slot(ip);
     let seq = s.seq.load(Acquire);
     if seq & 1 == 0 && found {
@@ -118,7 +137,7 @@ fn rule(ip: usize, find: FindObject) -> (u64, usize) {
     // Only a rule read from the object's own tables is kept: frames registered at run
     // time (a JIT's) can be deregistered with no object going away.
     if found
-        && (obj.map_start..obj.map_end).contains(&(fde as usize))
+        && (last.lo..last.hi).contains(&(fde as usize))
         && seq & 1 == 0
         && s.seq.compare_exchange(seq, seq + 1, Acquire, Relaxed).is_ok()
     {
@@ -512,11 +531,12 @@ pub(super) fn walk(visit: &mut dyn FnMut(usize, usize) -> bool) -> bool {
     // it is the one a return address just past it would look up.
     let mut ip = here + 1;
     let mut own = true;
+    let mut last = Object { lo: 0, hi: 0, eh_frame: 0 };
     loop {
         if ip == 0 {
             return true;
         }
-        let (rule, start) = self::rule(ip, find);
+        let (rule, start) = self::rule(ip, find, &mut last);
         let kind = rule & KIND;
         if kind == FALLBACK {
             return false;
