@@ -2,10 +2,13 @@
 # What the sampled profile costs real programs under the preload: each program run
 # with MEMQUOTA_PROFILE_SAMPLE=0 (the profile's hook installed, no sample taken) and
 # =512k (Go's rate), libmemquota.so preloaded, MEMQUOTA_LIMIT=16g, instructions of the
-# whole process and its children counted by valgrind (callgrind). Prints each
-# program's instructions, the ratio, the samples taken (calls of memquota's stack
-# hook) and the instructions spent inside the hook (the stack walks).
-# MQ=/path/to/libmemquota.so measures another build (built here otherwise).
+# program's threads in its processes and their children counted by valgrind
+# (callgrind; memquota's service thread apart). Prints each program's instructions,
+# the ratio, the samples taken (calls of memquota's stack hook) and the instructions
+# spent inside the hook (the stack walks). The programs: docs/benchmarks.md,
+# "Allocation sites: what real programs pay".
+# MQ=/path/to/libmemquota.so measures another build (built here otherwise);
+# PY_FILES=N: python parses N stdlib modules (default 120).
 # On demand only:  bash benches/sites/real.sh [PROGRAM ...]   (python sqlite gcc java)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -11,8 +11,12 @@
 //! Safe inside the allocator: no allocation, no lock (the table is a seqlock per slot
 //! whose writer gives up rather than wait), and each frame's object is found with
 //! glibc's `_dl_find_object` (lock-free; once per run of frames in one object): a rule
-//! is used only for the object (its unwind table's address) it was read from, so a
-//! library unloaded and another loaded at its address does not inherit its rules.
+//! is used only for the object it was read from (its unwind table's address and the
+//! end of its mapping), so a library unloaded and another loaded at its address does
+//! not inherit its rules.
+
+// The walk reads x86-64's registers; elsewhere it declines and libgcc walks.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use crate::base::sync::{
     AtomicU64, AtomicUsize,
@@ -68,6 +72,7 @@ struct Slot {
     seq: AtomicU64,
     ip: AtomicUsize,
     object: AtomicUsize,
+    object_end: AtomicUsize,
     rule: AtomicU64,
     start: AtomicUsize,
 }
@@ -77,6 +82,7 @@ static TABLE: [Slot; SLOTS] = [const {
         seq: AtomicU64::new(0),
         ip: AtomicUsize::new(0),
         object: AtomicUsize::new(0),
+        object_end: AtomicUsize::new(0),
         rule: AtomicU64::new(0),
         start: AtomicUsize::new(0),
     }
@@ -113,13 +119,14 @@ fn rule(ip: usize, find: FindObject, last: &mut Object) -> (u64, usize) {
         };
         found
     };
-    let object = last.eh_frame;
+    let (object, object_end) = (last.eh_frame, last.hi);
     let s = slot(ip);
     let seq = s.seq.load(Acquire);
     if seq & 1 == 0 && found {
         let (k, o, r, st) =
             (s.ip.load(Acquire), s.object.load(Acquire), s.rule.load(Acquire), s.start.load(Acquire));
-        if s.seq.load(Relaxed) == seq && k == ip && o == object && r != 0 {
+        let e = s.object_end.load(Acquire);
+        if s.seq.load(Relaxed) == seq && k == ip && o == object && e == object_end && r != 0 {
             return (r, st);
         }
     }
@@ -143,6 +150,7 @@ fn rule(ip: usize, find: FindObject, last: &mut Object) -> (u64, usize) {
     {
         s.ip.store(ip, Release);
         s.object.store(object, Release);
+        s.object_end.store(object_end, Release);
         s.rule.store(r, Release);
         s.start.store(bases[2], Release);
         s.seq.store(seq + 2, Release);
@@ -512,6 +520,7 @@ fn pack(s: &State) -> Option<u64> {
 /// where this is. `visit` returns false to stop. False if the walk could not be done
 /// here (no `_dl_find_object`, a frame whose rule it does not handle): then `visit`
 /// may have seen some frames, and the caller walks again with libgcc.
+#[cfg(target_arch = "x86_64")]
 #[inline(never)]
 pub(super) fn walk(visit: &mut dyn FnMut(usize, usize) -> bool) -> bool {
     let f = FIND_OBJECT.load(Acquire);
@@ -569,7 +578,13 @@ pub(super) fn walk(visit: &mut dyn FnMut(usize, usize) -> bool) -> bool {
     }
 }
 
-#[cfg(test)]
+/// Elsewhere the registers this walk reads are not there: libgcc walks.
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) fn walk(_visit: &mut dyn FnMut(usize, usize) -> bool) -> bool {
+    false
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
 
