@@ -32,7 +32,7 @@
 //!   queries at once make room for each other: a query under its fair share waits,
 //!   bounded, while the one furthest over its share spills or gives way), its counts
 //!   ([`PoolStats`]), and [`disk_manager_builder`], spill files whose reads are charged
-//!   to the query.
+//!   to the query and sorts that merge at most [`SPILL_MERGE_FAN_IN`] of them at once.
 //! * [`run_query`], [`QueryScope`]: a query as a memquota scope, attached on every poll
 //!   of its future and of each task DataFusion spawns for it ([`ScopeTracer`]), so the
 //!   work is charged to its query whichever tokio worker runs it.
@@ -61,4 +61,4 @@ pub use datafusion;
 pub use pool::{MemquotaPool, PoolStats, DEFAULT_MARGIN, DEFAULT_ROOM_WAIT};
 pub use query::{run_query, QueryScope};
 pub use replan::{collect_query, Collected, MAX_RETRIES};
-pub use spill_files::{disk_manager_builder, ScopedSpillFiles};
+pub use spill_files::{disk_manager_builder, ScopedSpillFiles, SPILL_MERGE_FAN_IN};

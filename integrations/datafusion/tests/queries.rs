@@ -12,7 +12,9 @@
 //! * with `collect_query`: a join whose hash-join build side does not fit completes by
 //!   sort-merge joins, while one that fits keeps its hash join; a cross join whose
 //!   collected side cannot fit on any plan fails with `ResourcesExhausted` naming the
-//!   query and what held the memory, and the same process then runs the group-by.
+//!   query and what held the memory, and the same process then runs the group-by;
+//! * a sort-merge join (as a user can choose it) both of whose sides spill completes:
+//!   the first side's merge of its spill files leaves the second side room.
 //!
 //! Defaults a user gets: `MemquotaPool::new()`, DataFusion's default session settings
 //! (but the 2 target partitions of the example), memquota's defaults but the limit.
@@ -23,7 +25,8 @@ mod workload;
 
 use harness::Seen;
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
-use memquota_datafusion::datafusion::physical_plan::ExecutionPlan;
+use memquota_datafusion::datafusion::physical_plan::{collect, ExecutionPlan};
+use memquota_datafusion::datafusion::prelude::SessionContext;
 use memquota_datafusion::{collect_query, run_query, MemquotaPool, QueryScope};
 use std::sync::Arc;
 use workload::Row;
@@ -48,6 +51,12 @@ fn operators(plan: &dyn ExecutionPlan, out: &mut Vec<String>) {
     for child in plan.children() {
         operators(child.as_ref(), out);
     }
+}
+
+/// Spill files written over a whole plan.
+fn spills(plan: &dyn ExecutionPlan) -> usize {
+    let own = plan.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
+    own + plan.children().into_iter().map(|c| spills(c.as_ref())).sum::<usize>()
 }
 
 fn print_exhausted(key: &str, failed: &Result<i64>) {
@@ -102,6 +111,23 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
                 Ok(batches) => println!("named-count {}", workload::number(&batches)),
                 Err(e) => println!("named-error {}", e.to_string().replace('\n', " | ")),
             }
+        }
+        "sort-merge-join" => {
+            // A user's choice of sort-merge joins: both sides spill, and the second
+            // side's sort runs while the first side's merge of its spill files reads.
+            let mut config = ctx.copied_config();
+            config.options_mut().optimizer.prefer_hash_join = false;
+            let ctx = SessionContext::new_with_config_rt(config, ctx.runtime_env());
+            let out = runtime.block_on(run_query("sort-merge join", async {
+                let plan = workload::big_join(&ctx, BIG_JOIN_ROWS)?.create_physical_plan().await?;
+                let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+                let mut names = Vec::new();
+                operators(plan.as_ref(), &mut names);
+                println!("plan {}", names.join(","));
+                println!("spills {}", spills(plan.as_ref()));
+                Ok::<_, DataFusionError>(workload::number(&batches))
+            }));
+            print_exhausted("join", &out);
         }
         "unfittable-then-group-by" => {
             let failed = runtime.block_on(async {
@@ -234,6 +260,21 @@ fn a_join_too_big_to_build_completes_by_sort_merge(_: &[Row]) {
     assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
 
+fn a_sort_merge_join_merges_its_spills_in_the_room_left(_: &[Row]) {
+    // Both sides of the join spill at 56 MiB. The first side's merge reads its spill
+    // files while the second side sorts: merging all of them at once (DataFusion's
+    // default) left the second side no room even for the reservation its spill needs
+    // (it failed so at 48 and 56 MiB, and completed at 64).
+    let seen = run_child("sort-merge-join", 56);
+    let count = workload::join_count(BIG_JOIN_ROWS);
+    assert_eq!(seen.all("join"), [format!("completed with {count}")], "{}", seen.text);
+    let plan = seen.all("plan").join(",");
+    assert!(plan.contains("SortMergeJoinExec"), "a sort-merge join: {plan}");
+    assert!(seen.num("spills") > 0, "its sorts spilled\n{}", seen.text);
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 56 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
 fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &[Row]) {
     let seen = run_child("unfittable-then-group-by", 64);
     assert_eq!(seen.all("cross"), ["ResourcesExhausted"], "{}", seen.text);
@@ -267,6 +308,9 @@ fn main() {
             ("two_queries_at_once_share_the_budget", &|| two_queries_at_once_share_the_budget(&expected)),
             ("a_join_too_big_to_build_completes_by_sort_merge", &|| {
                 a_join_too_big_to_build_completes_by_sort_merge(&expected)
+            }),
+            ("a_sort_merge_join_merges_its_spills_in_the_room_left", &|| {
+                a_sort_merge_join_merges_its_spills_in_the_room_left(&expected)
             }),
             ("a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs", &|| {
                 a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(&expected)

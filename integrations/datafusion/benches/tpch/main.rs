@@ -440,8 +440,13 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
 
 /// Runs one case in a child process: one query, or `streams` streams of `queries`.
 fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -> Run {
-    let dir = std::env::temp_dir();
-    let (out_path, err_path) = (dir.join("memquota-tpch-child.out"), dir.join("memquota-tpch-child.err"));
+    // Named by this process: two benchmark runs at once (from two worktrees) must not
+    // read each other's children.
+    let (dir, me) = (std::env::temp_dir(), std::process::id());
+    let (out_path, err_path) = (
+        dir.join(format!("memquota-tpch-child-{me}.out")),
+        dir.join(format!("memquota-tpch-child-{me}.err")),
+    );
     let spawned = Command::new(std::env::current_exe().expect("this binary"))
         .args([
             "--child",
@@ -508,6 +513,7 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
         }
         Some(_) => {}
     }
+    let _ = (std::fs::remove_file(&out_path), std::fs::remove_file(&err_path));
     r
 }
 
