@@ -16,9 +16,12 @@ use std::time::{Duration, Instant};
 
 /// The longest a refusing thread waits for its record. Writing one takes
 /// milliseconds (a dump of the profile, five small files); the bound is for a sampler
-/// thread held up elsewhere (a purge, a slow disk), after which the refusal returns
-/// and the record is written when the thread comes to it.
-pub(crate) const RECORD_WAIT: Duration = Duration::from_secs(1);
+/// thread held up elsewhere (a purge, a slow disk, a machine whose cores are all busy:
+/// on 2 loaded cores a 1 s bound lost the record in 3 of 7 runs of
+/// `tests/no_alloc.rs`), after which the refusal returns and the record is written
+/// when the thread comes to it. It is paid once per report window, only with a
+/// recorder set.
+pub(crate) const RECORD_WAIT: Duration = Duration::from_secs(5);
 
 /// The writer: a `fn(u64)` (the record's number) as an address; 0: no recorder.
 static WRITER: AtomicUsize = AtomicUsize::new(0);
