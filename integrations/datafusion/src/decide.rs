@@ -54,7 +54,7 @@ pub(crate) enum Refusal {
 pub(crate) struct Margin(pub(crate) f64);
 
 impl Margin {
-    fn of(self, bytes: u64) -> u64 {
+    pub(crate) fn of(self, bytes: u64) -> u64 {
         (bytes as f64 * self.0) as u64
     }
 }

@@ -36,9 +36,11 @@
 //! * [`run_query`], [`QueryScope`]: a query as a memquota scope, attached on every poll
 //!   of its future and of each task DataFusion spawns for it ([`ScopeTracer`]), so the
 //!   work is charged to its query whichever tokio worker runs it.
-//! * [`collect_query`]: a query run as [`run_query`] does, and run again with a more
-//!   frugal plan (sort-merge joins, then more partitions) when an operator that cannot
-//!   spill (a hash join's build side) is refused.
+//! * [`collect_query`]: a query run as [`run_query`] does, planned with sort-merge
+//!   joins before it runs when DataFusion's estimates of its hash joins' build sides
+//!   do not fit what the budget leaves it, and run again with a more frugal plan
+//!   (sort-merge joins, then smaller batches) when an operator that cannot spill (a
+//!   hash join's build side) is refused.
 //! * [`in_scope`]: the same for any future or stream.
 //! * [`datafusion`]: the DataFusion this crate is built on, so a program links the same
 //!   version.
@@ -49,6 +51,7 @@
 
 mod attach;
 mod decide;
+mod estimate;
 mod exhausted;
 mod pool;
 mod query;

@@ -72,6 +72,7 @@ pub struct MemquotaPool {
     /// to tell a plan that cannot fit from one that spills.
     unspillable: Mutex<HashMap<u64, u64>>,
     retries: AtomicU64,
+    replans: AtomicU64,
     room: Room,
     room_wait: Duration,
 }
@@ -85,6 +86,10 @@ pub struct PoolStats {
     /// Queries run again with a more frugal plan by
     /// [`collect_query`](crate::collect_query).
     pub retries: u64,
+    /// Queries [`collect_query`](crate::collect_query) planned with sort-merge joins
+    /// before running them: the estimate of their hash joins' build sides did not fit
+    /// the room the budget left them.
+    pub replans: u64,
     /// Waits that found the query they waited for holding spillable reservations: it
     /// was asked to spill, at its next growth.
     pub spill_asks: u64,
@@ -134,6 +139,7 @@ impl MemquotaPool {
             refusals: AtomicU64::new(0),
             unspillable: Mutex::new(HashMap::new()),
             retries: AtomicU64::new(0),
+            replans: AtomicU64::new(0),
             room: Room::default(),
             room_wait: DEFAULT_ROOM_WAIT,
         }
@@ -152,6 +158,7 @@ impl MemquotaPool {
         PoolStats {
             refusals: self.refusals(),
             retries: self.retries(),
+            replans: self.replans.load(Relaxed),
             spill_asks: room.spill_asks,
             waits: room.waits,
             waits_with_room: room.waits_with_room,
@@ -174,6 +181,22 @@ impl MemquotaPool {
 
     pub(crate) fn note_retry(&self) {
         self.retries.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn note_replan(&self) {
+        self.replans.fetch_add(1, Relaxed);
+    }
+
+    /// What a request of `scope`'s query that cannot spill could be granted now: the
+    /// room under the limit and under the query's fair share, each less the margin,
+    /// as [`decide`] grants (an estimate of what a plan may hold is held against it).
+    pub(crate) fn room_for(&self, scope: ScopeHandle) -> u64 {
+        let process = memquota::process_account();
+        let room = process.headroom.saturating_sub(self.margin.of(process.limit));
+        let share = scope
+            .account()
+            .map_or(u64::MAX, |s| s.share.saturating_sub(self.margin.of(s.share)).saturating_sub(s.held));
+        room.min(share)
     }
 
     /// Refusals in `scope` that spilling could not answer, since the last call.

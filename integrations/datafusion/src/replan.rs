@@ -1,5 +1,6 @@
 //! A query that plans again when what it asked for cannot fit the budget: the
-//! spark-rapids retry, applied to a whole query. DataFusion cannot spill some operators
+//! spark-rapids retry, applied to a whole query, and, before it runs, a plan chosen
+//! from DataFusion's estimates against what the budget leaves the query. DataFusion cannot spill some operators
 //! (a hash join's build side above all); when [`MemquotaPool`] refuses one of them,
 //! spilling cannot make room and the query fails. [`collect_query`] then runs it again
 //! from its logical plan with a more frugal physical plan: sort-merge joins, which
@@ -13,7 +14,6 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::execution::TaskContext;
-use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::prelude::{DataFrame, SessionConfig};
 use std::any::Any;
@@ -34,6 +34,10 @@ pub struct Collected {
     /// Runs that failed on a refusal no spill could answer, each followed by a run
     /// with a more frugal plan.
     pub retries: u64,
+    /// Plans set aside before they ran (0 or 1): the estimate of the first plan's hash
+    /// joins did not fit the room the budget left the query, so it ran with
+    /// sort-merge joins.
+    pub replans: u64,
 }
 
 /// One plan to try: a name for the scope's report, and the session settings.
@@ -75,28 +79,42 @@ fn memquota_pool(state: &SessionState) -> Option<&MemquotaPool> {
     pool.downcast_ref::<MemquotaPool>()
 }
 
-async fn attempt(
-    state: &SessionState,
-    plan: &LogicalPlan,
-) -> Result<(Vec<RecordBatch>, Arc<dyn ExecutionPlan>)> {
-    let physical = state.create_physical_plan(plan).await?;
-    let batches = collect(Arc::clone(&physical), Arc::new(TaskContext::from(state))).await?;
-    Ok((batches, physical))
+/// Runs `physical` to its end.
+async fn run(state: &SessionState, physical: &Arc<dyn ExecutionPlan>) -> Result<Vec<RecordBatch>> {
+    collect(Arc::clone(physical), Arc::new(TaskContext::from(state))).await
+}
+
+/// Whether the first plan's hash joins, by DataFusion's estimates, would hold more
+/// than the budget leaves `scope`'s query: then the next rung's plan runs instead. A
+/// join whose build side has no row count is taken to fit (it is tried, and a refusal
+/// retries it).
+fn too_big(pool: &MemquotaPool, scope: &QueryScope, physical: &dyn ExecutionPlan) -> bool {
+    let Ok(sides) = crate::estimate::build_sides(physical) else { return false };
+    sides.joins > 0 && sides.bytes > pool.room_for(scope.handle())
 }
 
 /// Runs the query `df` to its end as a memquota scope named `name` (as
-/// [`run_query`](crate::run_query) does) and collects its result. When the run fails
-/// because [`MemquotaPool`] refused a request no spill could answer (an operator that
-/// cannot spill, such as `HashJoinInput`, a hash join's build side, or a spiller
-/// holding nothing), plans the query again from its logical plan with sort-merge joins,
-/// then also with smaller batches (2048 rows) and merge reservations (2 MiB a sort),
-/// and runs it again: at most [`MAX_RETRIES`] times. Each run is a scope of its own; a
-/// retry's is named `"{name} (retry N: sort-merge joins)"` (memquota keeps its first 48
-/// bytes), so memquota's report says which plan ran, and the pool counts it
-/// ([`MemquotaPool::retries`]).
+/// [`run_query`](crate::run_query) does) and collects its result, with a plan that
+/// fits the budget:
+///
+/// * **Before it runs**, when DataFusion's statistics say the plan's hash joins would
+///   hold more than the budget leaves the query (their build sides, which cannot
+///   spill, against the room under the limit and under its fair share, less the
+///   pool's margin), the query is planned with sort-merge joins instead, which spill
+///   ([`Collected::replans`], [`PoolStats::replans`](crate::PoolStats::replans)); its
+///   scope is named `"{name} (replanned: sort-merge joins)"`. Without row counts (a
+///   table that gives none) the hash joins are tried.
+/// * **When a run fails** because [`MemquotaPool`] refused a request no spill could
+///   answer (an operator that cannot spill, such as `HashJoinInput`, a hash join's
+///   build side, or a spiller holding nothing), the query is planned again from its
+///   logical plan with sort-merge joins, then also with smaller batches (2048 rows)
+///   and merge reservations (2 MiB a sort), and run again: at most [`MAX_RETRIES`]
+///   times. Each run is a scope of its own; a retry's is named `"{name} (retry N:
+///   sort-merge joins)"` (memquota keeps its first 48 bytes), so memquota's report
+///   says which plan ran, and the pool counts it ([`MemquotaPool::retries`]).
 ///
 /// Without a [`MemquotaPool`] as the runtime's pool (or with one wrapped in another
-/// pool), the query runs once.
+/// pool), the query runs once, as planned.
 ///
 /// # Errors
 /// The last run's error: DataFusion's own, or `ResourcesExhausted` from the pool when
@@ -106,6 +124,7 @@ pub async fn collect_query(name: &str, df: DataFrame) -> Result<Collected> {
     let pool = memquota_pool(&state);
     let rungs = rungs(state.config());
     let mut retries = 0;
+    let mut replans = 0;
     let mut i = 0;
     loop {
         let rung = &rungs[i];
@@ -118,17 +137,26 @@ pub async fn collect_query(name: &str, df: DataFrame) -> Result<Collected> {
                 .with_config(rung.config.clone().with_create_default_catalog_and_schema(false))
                 .build(),
         };
-        let scope = QueryScope::begin(&match i {
-            0 => name.to_owned(),
+        let scope = QueryScope::begin(&match (i, replans) {
+            (0, _) => name.to_owned(),
+            (1, 1) => format!("{name} (replanned: {})", rung.what),
             _ => format!("{name} (retry {i}: {})", rung.what),
         })?;
         let handle = scope.handle();
-        let out = scope.run(attempt(&state, &plan)).await;
+        let physical = scope.run(state.create_physical_plan(&plan)).await?;
+        if let Some(p) = pool.filter(|p| i == 0 && rungs.len() > 1 && too_big(p, &scope, physical.as_ref())) {
+            p.note_replan();
+            replans += 1;
+            i += 1;
+            let _ = scope.end();
+            continue;
+        }
+        let out = scope.run(run(&state, &physical)).await;
         let unspillable = pool.map_or(0, |p| p.take_unspillable_refusals(handle));
         // What the results hold is handed to the caller, not leaked.
         let _ = scope.end();
         match out {
-            Ok((batches, plan)) => return Ok(Collected { batches, plan, retries }),
+            Ok(batches) => return Ok(Collected { batches, plan: physical, retries, replans }),
             Err(e) if i + 1 < rungs.len() && unspillable > 0 && exhausted(&e) => {
                 retries += 1;
                 i += 1;

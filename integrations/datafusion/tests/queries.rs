@@ -10,7 +10,9 @@
 //!   runs the group-by;
 //! * two group-bys at once under one limit both complete, each within its share;
 //! * with `collect_query`: a join whose hash-join build side does not fit completes by
-//!   sort-merge joins, while one that fits keeps its hash join; a cross join whose
+//!   sort-merge joins, while one that fits keeps its hash join; over tables that give
+//!   their row counts, the one that does not fit is planned by sort-merge joins
+//!   before it runs (never refused), the one that fits keeps its hash join; a cross join whose
 //!   collected side cannot fit on any plan fails with `ResourcesExhausted` naming the
 //!   query and what held the memory, and the same process then runs the group-by;
 //! * a sort-merge join (as a user can choose it) both of whose sides spill completes:
@@ -19,6 +21,8 @@
 //! Defaults a user gets: `MemquotaPool::new()`, DataFusion's default session settings
 //! (but the 2 target partitions of the example), memquota's defaults but the limit.
 
+#[path = "../benches/shared/counted.rs"]
+mod counted;
 mod harness;
 #[path = "../examples/query/workload.rs"]
 mod workload;
@@ -26,7 +30,7 @@ mod workload;
 use harness::Seen;
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
 use memquota_datafusion::datafusion::physical_plan::{collect, ExecutionPlan};
-use memquota_datafusion::datafusion::prelude::SessionContext;
+use memquota_datafusion::datafusion::prelude::{DataFrame, SessionContext};
 use memquota_datafusion::{collect_query, run_query, MemquotaPool, QueryScope};
 use std::sync::Arc;
 use workload::Row;
@@ -129,6 +133,23 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
             }));
             print_exhausted("join", &out);
         }
+        "joins-estimated" => {
+            // Tables that give the planner their row counts, as Parquet files do.
+            let counted = |rows: u64, names| -> Result<DataFrame> {
+                let table = workload::table(rows, workload::PARTITIONS, names)?;
+                ctx.read_table(counted::with_rows(table, rows as usize, true))
+            };
+            for (key, rows) in [("small", SMALL_JOIN_ROWS), ("big", BIG_JOIN_ROWS)] {
+                let query = workload::join(counted(rows, ("v", "s"))?, counted(rows, ("w", "t"))?)?;
+                let done = runtime.block_on(collect_query(key, query))?;
+                println!("{key}-count {}", workload::number(&done.batches));
+                println!("{key}-retries {}", done.retries);
+                println!("{key}-replans {}", done.replans);
+                let mut names = Vec::new();
+                operators(done.plan.as_ref(), &mut names);
+                println!("{key}-plan {}", names.join(","));
+            }
+        }
         "unfittable-then-group-by" => {
             let failed = runtime.block_on(async {
                 let done = collect_query("cross join", workload::cross_join(&ctx, workload::ROWS)?).await?;
@@ -163,6 +184,7 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
     println!("rss-peak {}", s.process_rss_peak);
     println!("refusals {}", pool.refusals());
     println!("pool-retries {}", pool.retries());
+    println!("pool-replans {}", pool.stats().replans);
     Ok(())
 }
 
@@ -275,6 +297,34 @@ fn a_sort_merge_join_merges_its_spills_in_the_room_left(_: &[Row]) {
     assert!(peak <= 56 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
 
+fn a_join_estimated_too_big_to_build_is_planned_by_sort_merge_before_it_runs(_: &[Row]) {
+    let seen = run_child("joins-estimated", 64);
+    assert_eq!(seen.num("small-count"), workload::join_count(SMALL_JOIN_ROWS) as u64, "{}", seen.text);
+    assert_eq!(
+        (seen.num("small-replans"), seen.num("small-retries")),
+        (0, 0),
+        "the join estimated to fit runs as planned\n{}",
+        seen.text
+    );
+    let plan = seen.all("small-plan").join(",");
+    assert!(plan.contains("HashJoinExec"), "the join that fits keeps its hash join: {plan}");
+    assert_eq!(seen.num("big-count"), workload::join_count(BIG_JOIN_ROWS) as u64, "{}", seen.text);
+    assert_eq!(
+        (seen.num("big-replans"), seen.num("big-retries")),
+        (1, 0),
+        "the big join is replanned before it runs, never run and refused\n{}",
+        seen.text
+    );
+    assert_eq!(seen.num("pool-replans"), 1, "the pool counts it\n{}", seen.text);
+    let plan = seen.all("big-plan").join(",");
+    assert!(
+        plan.contains("SortMergeJoinExec") && !plan.contains("HashJoinExec"),
+        "the big join ran as a sort-merge join: {plan}"
+    );
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
 fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &[Row]) {
     let seen = run_child("unfittable-then-group-by", 64);
     assert_eq!(seen.all("cross"), ["ResourcesExhausted"], "{}", seen.text);
@@ -311,6 +361,9 @@ fn main() {
             }),
             ("a_sort_merge_join_merges_its_spills_in_the_room_left", &|| {
                 a_sort_merge_join_merges_its_spills_in_the_room_left(&expected)
+            }),
+            ("a_join_estimated_too_big_to_build_is_planned_by_sort_merge_before_it_runs", &|| {
+                a_join_estimated_too_big_to_build_is_planned_by_sort_merge_before_it_runs(&expected)
             }),
             ("a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs", &|| {
                 a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(&expected)

@@ -149,11 +149,36 @@ pub fn table(table: &'static str, scale: f64, partitions: usize) -> Result<Arc<S
     Ok(Arc::new(StreamingTable::try_new(schema, streams)?))
 }
 
-/// Registers the eight tables in `ctx` (and makes the text pool).
-pub fn register(ctx: &SessionContext, scale: f64, partitions: usize) -> Result<()> {
+/// `table`'s rows at scale factor `scale`, and whether the count is exact: the
+/// generator's own count, but for lineitem (1 to 7 lines an order: about 4 an order).
+fn rows(table: &str, scale: f64) -> (usize, bool) {
+    let count = |n: i64| n.max(0) as usize;
+    match table {
+        "nation" => (25, true),
+        "region" => (5, true),
+        "part" => (count(PartGenerator::calculate_row_count(scale, 1, 1)), true),
+        "supplier" => (count(SupplierGenerator::calculate_row_count(scale, 1, 1)), true),
+        "partsupp" => (count(PartSuppGenerator::calculate_row_count(scale, 1, 1)), true),
+        "customer" => (count(CustomerGenerator::calculate_row_count(scale, 1, 1)), true),
+        "orders" => (count(OrderGenerator::calculate_row_count(scale, 1, 1)), true),
+        "lineitem" => (count(OrderGenerator::calculate_row_count(scale, 1, 1)) * 4, false),
+        other => panic!("no TPC-H table {other}"),
+    }
+}
+
+/// Registers the eight tables in `ctx` (and makes the text pool); with `stats`, each
+/// tells the planner its row count, as Parquet files' metadata would
+/// (`counted::with_rows`), else it gives no statistics (`StreamingTable`'s).
+pub fn register(ctx: &SessionContext, scale: f64, partitions: usize, stats: bool) -> Result<()> {
     text_pool();
     for name in TABLES {
-        ctx.register_table(name, table(name, scale, partitions)?)?;
+        let t = table(name, scale, partitions)?;
+        if stats {
+            let (n, exact) = rows(name, scale);
+            ctx.register_table(name, crate::counted::with_rows(t, n, exact))?;
+        } else {
+            ctx.register_table(name, t)?;
+        }
     }
     Ok(())
 }

@@ -20,6 +20,8 @@
 //! against each query alone at L / N: which completed in the streams, which failed
 //! there though they complete alone at L / N, and the process's peak RSS.
 
+#[path = "../shared/counted.rs"]
+mod counted;
 #[path = "data.rs"]
 mod data;
 #[path = "../shared/either.rs"]
@@ -68,6 +70,8 @@ const USAGE: &str = "usage: cargo bench --bench tpch -- [options]
   --room-wait S      MemquotaPool's wait for room, in seconds (default: the pool's, 2; 0: none)
   --streams N        also N streams of the queries at once in one process at each limit,
                      against each query alone at limit / N (default 1: off)
+  --no-stats         tables without row counts (the planner then joins in the query's order,
+                     and collect_query has no estimate to plan by before a run)
   --svg FILE         also plot queries completed against the limit, per pool";
 
 // ---- the child: one query under one configuration, figures on stdout --------------
@@ -85,6 +89,8 @@ struct Case {
     streams: usize,
     /// MemquotaPool's wait for room; `None`: its default.
     room_wait: Option<f64>,
+    /// The tables give their row counts.
+    stats: bool,
 }
 
 /// A figure of /proc/self/status, in bytes.
@@ -126,7 +132,7 @@ fn child(c: &Case) -> Result<()> {
         rt = rt.with_disk_manager_builder(memquota_datafusion::disk_manager_builder()?);
     }
     let ctx = SessionContext::new_with_config_rt(config, rt.build_arc()?);
-    data::register(&ctx, c.scale, c.partitions)?;
+    data::register(&ctx, c.scale, c.partitions, c.stats)?;
     println!("idle {}", proc_status("VmRSS:"));
     if c.streams > 1 {
         return streams(c, &runtime, &ctx, memquota_pool.as_deref());
@@ -156,6 +162,7 @@ fn child(c: &Case) -> Result<()> {
     println!("rss {}", proc_status("VmHWM:"));
     if let Some(p) = memquota_pool {
         println!("retries {}", p.retries());
+        println!("replans {}", p.stats().replans);
         println!("refusals {}", p.refusals());
     }
     Ok(())
@@ -226,6 +233,7 @@ fn streams(
     if let Some(p) = pool {
         let s = p.stats();
         println!("retries {}", s.retries);
+        println!("replans {}", s.replans);
         println!("refusals {}", s.refusals);
         println!("waits {}", s.waits);
         println!("waits-with-room {}", s.waits_with_room);
@@ -287,6 +295,7 @@ struct Run {
     wall: f64,
     spills: u64,
     retries: u64,
+    replans: u64,
     /// With streams: each query run, and the pool's waits.
     results: Vec<StreamResult>,
     waits: u64,
@@ -342,6 +351,7 @@ struct Options {
     margin: Option<f64>,
     streams: usize,
     room_wait: Option<f64>,
+    stats: bool,
 }
 
 fn size(s: &str) -> std::result::Result<u64, String> {
@@ -391,6 +401,7 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
         margin: None,
         streams: 1,
         room_wait: None,
+        stats: true,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -417,6 +428,7 @@ fn options(args: &[String]) -> std::result::Result<Options, String> {
             }
             "--timeout" => o.timeout = Duration::from_secs(value()?.parse().map_err(|_| "bad --timeout")?),
             "--svg" => o.svg = Some(value()?),
+            "--no-stats" => o.stats = false,
             "--room-wait" => {
                 o.room_wait =
                     Some(value()?.parse::<f64>().ok().filter(|w| *w >= 0.0).ok_or("bad --room-wait")?)
@@ -458,6 +470,7 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
             &o.margin.map_or("default".to_owned(), |m| m.to_string()),
             &streams.to_string(),
             &o.room_wait.map_or("default".to_owned(), |w| w.to_string()),
+            if o.stats { "stats" } else { "no-stats" },
         ])
         .stdout(std::fs::File::create(&out_path).expect("a temporary file"))
         .stderr(std::fs::File::create(&err_path).expect("a temporary file"))
@@ -493,6 +506,7 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
         wall: num("wall"),
         spills: num("spills") as u64,
         retries: num("retries") as u64,
+        replans: num("replans") as u64,
         results: stdout.lines().filter_map(|l| StreamResult::parse(l.strip_prefix("result ")?)).collect(),
         waits: num("waits") as u64,
         waits_with_room: num("waits-with-room") as u64,
@@ -567,6 +581,7 @@ fn main() {
             margin: args[i + 6].parse().ok(),
             streams: args.get(i + 7).and_then(|n| n.parse().ok()).unwrap_or(1),
             room_wait: args.get(i + 8).and_then(|w| w.parse().ok()),
+            stats: args.get(i + 9).is_none_or(|s| s == "stats"),
         };
         if let Err(e) = child(&case) {
             println!("status failed");
@@ -763,17 +778,18 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\nTPC-H SF {}, {} partitions, {} queries, each in a process of its own; peak RSS is the process's (VmHWM), L the limit{}\n",
+        "\nTPC-H SF {}, {} partitions, {} queries, each in a process of its own; tables {}; peak RSS is the process's (VmHWM), L the limit{}\n",
         o.scale,
         o.partitions,
         o.queries.len(),
+        if o.stats { "with row counts" } else { "without statistics" },
         o.margin.map_or(String::new(), |m| format!("; MemquotaPool's margin {m}"))
     );
     let _ = writeln!(
         s,
-        "| limit | pool | completed | worst peak RSS / L | worst (peak - idle RSS) / L | wall of those completed | spills | retries |"
+        "| limit | pool | completed | worst peak RSS / L | worst (peak - idle RSS) / L | wall of those completed | spills | replans | retries |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
     for (limit, by_pool) in limits.iter().zip(results) {
         for (pool, by_query) in by_pool {
             let ok: Vec<&(u64, Run)> = by_query.values().filter(|(_, r)| r.ok).collect();
@@ -783,12 +799,13 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
             let sum = |f: &dyn Fn(&Run) -> u64| by_query.values().map(|(_, r)| f(r)).sum::<u64>();
             let _ = writeln!(
                 s,
-                "| {} | {pool} | {} of {} | {worst:.2} | {worst_over_idle:.2} | {:.1} s | {} | {} |",
+                "| {} | {pool} | {} of {} | {worst:.2} | {worst_over_idle:.2} | {:.1} s | {} | {} | {} |",
                 limit.label(),
                 ok.len(),
                 by_query.len(),
                 ok.iter().map(|(_, r)| r.wall).sum::<f64>(),
                 sum(&|r| r.spills),
+                sum(&|r| r.replans),
                 sum(&|r| r.retries),
             );
         }
@@ -796,7 +813,7 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     for (limit, by_pool) in limits.iter().zip(results) {
         let _ = writeln!(
             s,
-            "\nAt {}: peak RSS / L, wall time, spills (s), retries (r); or why it failed\n",
+            "\nAt {}: peak RSS / L, wall time, spills (s), replans (p), retries (r); or why it failed\n",
             limit.label()
         );
         let pools: Vec<&String> = by_pool.keys().collect();
@@ -820,7 +837,7 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
                 let (l, r) = &by_pool[*p][q];
                 let cell = if r.ok {
                     let mut c = format!("{:.2} L, {:.1} s", r.rss as f64 / *l as f64, r.wall);
-                    for (n, tag) in [(r.spills, "s"), (r.retries, "r")] {
+                    for (n, tag) in [(r.spills, "s"), (r.replans, "p"), (r.retries, "r")] {
                         if n > 0 {
                             let _ = write!(c, ", {n}{tag}");
                         }

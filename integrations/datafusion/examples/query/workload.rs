@@ -167,6 +167,11 @@ pub fn group_by(ctx: &SessionContext, rows: u64) -> Result<DataFrame> {
 pub fn big_join(ctx: &SessionContext, rows: u64) -> Result<DataFrame> {
     let left = ctx.read_table(table(rows, PARTITIONS, ("v", "s"))?)?;
     let right = ctx.read_table(table(rows, PARTITIONS, ("w", "t"))?)?;
+    join(left, right)
+}
+
+/// `big_join`'s query over any two tables of `table`'s columns.
+pub fn join(left: DataFrame, right: DataFrame) -> Result<DataFrame> {
     left.join(right, JoinType::Inner, &["v"], &["w"], None)?.aggregate(vec![], vec![count(lit(1)).alias("n")])
 }
 
