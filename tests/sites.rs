@@ -116,20 +116,7 @@ fn sites(report: &str) -> Vec<Site> {
         let bytes: u64 =
             line.split(['(', ')']).nth(1).and_then(|b| b.parse().ok()).expect("bytes in parentheses");
         let frames = line.split_once('%').expect("a share").1;
-        let mut object = String::new();
-        let mut names = Vec::new();
-        for frame in frames.split("<-").map(str::trim) {
-            let (obj, addr) = frame.rsplit_once('+').expect("OBJECT+ADDR");
-            if !obj.is_empty() {
-                object = obj.to_string();
-            }
-            let out = Command::new("addr2line")
-                .args(["-f", "-i", "-C", "-e", &object, addr])
-                .output()
-                .expect("addr2line");
-            names.extend(String::from_utf8_lossy(&out.stdout).lines().step_by(2).map(str::to_string));
-        }
-        out.push(Site { bytes, names });
+        out.push(Site { bytes, names: names(frames) });
     }
     out
 }
