@@ -101,6 +101,10 @@ static FIRED: AtomicBool = AtomicBool::new(false);
 /// The forker: told to fork by the hook.
 static FORKER: OnceLock<Thread> = OnceLock::new();
 static GO: AtomicBool = AtomicBool::new(false);
+/// The forker is running its own code: its thread's start, which frees what the
+/// spawn handed it, is over (had memquota been on by then, that free would have been
+/// the first use, with the forker itself parked in the window).
+static READY: AtomicBool = AtomicBool::new(false);
 static IN_CHILD: AtomicBool = AtomicBool::new(false);
 /// The child's wait status; -1: killed at the deadline; -2: not yet known.
 static STATUS: AtomicI64 = AtomicI64::new(-2);
@@ -131,6 +135,7 @@ fn hook(w: Window) {
 }
 
 fn forker() {
+    READY.store(true, SeqCst);
     while !GO.load(SeqCst) {
         std::thread::park();
     }
@@ -154,6 +159,9 @@ fn fork_inside(window: Window) -> Option<i32> {
     WANTED.store(code(window), SeqCst);
     let forker = std::thread::spawn(forker);
     let _ = FORKER.set(forker.thread().clone());
+    while !READY.load(SeqCst) {
+        std::thread::yield_now(); // a poll, bounded by the watchdog
+    }
     assert!(set_window_hook(hook), "the hook is set once per process");
     ON.store(true, SeqCst);
     // The process's first allocation through memquota: it configures (the first
