@@ -59,7 +59,8 @@ pub(crate) fn record() {
     }
 }
 
-/// On the sampler thread, when it starts: records are served from now on.
+/// Once the sampler thread is started: records are served from now on (by its next
+/// pass, if it has not run yet).
 pub(crate) fn serving() {
     SERVED.store(true, Release);
 }

@@ -50,7 +50,6 @@ pub(crate) fn ensure_sampling() -> bool {
     }
     // Its own few allocations are charged, never refused, never made to wait.
     let spawned = threads::spawn_service("memquota-sampler", || {
-        super::flight::serving();
         // The thread that started this one configures the process right after (a
         // first slow path, or `init`): the profile's rate is part of that.
         while !crate::base::settings::configured() {
@@ -73,8 +72,11 @@ pub(crate) fn ensure_sampling() -> bool {
             purger.wait(INTERVAL);
         }
     });
-    if spawned.is_err() {
-        STARTED.store(false, Release);
+    match spawned {
+        // Said here, not by the thread when it first runs: a refusal right after
+        // `init` (before the new thread ran) must ask for its record too.
+        Ok(_) => super::flight::serving(),
+        Err(_) => STARTED.store(false, Release),
     }
     spawned.is_ok()
 }
