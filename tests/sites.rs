@@ -40,6 +40,7 @@ fn main() {
             ),
             ("a_refusal_leaves_a_flight_record", a_refusal_leaves_a_flight_record, FINE),
             ("the_profile_is_on_by_default", the_profile_is_on_by_default, &[]),
+            ("the_rust_faces_entry_points_are_learned", the_rust_faces_entry_points_are_learned, &[]),
             (
                 "a_small_block_sites_stack_starts_in_its_function",
                 a_small_block_sites_stack_starts_in_its_function,
@@ -212,6 +213,38 @@ fn a_small_block_sites_stack_starts_in_its_function() {
         first.last().is_some_and(|f| f.contains("tiny_site")),
         "the first site's first frame is in tiny_site, not the allocator: {first:?}\n{report}"
     );
+}
+
+/// The profile's set-up learns every entry of the Rust face (`__rust_alloc`,
+/// `__rust_alloc_zeroed`, `__rust_realloc`, the face inlined in each) as the
+/// allocator's, whatever path its calibration's samples took: a stack that reaches
+/// jemalloc from code that calls them (another crate's, std's) would otherwise start
+/// with them, the face's frames in the places of the caller's. At the default rate and
+/// the least slack (a 16 MiB limit), where a small block takes the slow path (a tail
+/// call out of the entry, so no frame of it) once in 16. The entries' addresses come
+/// from this program's symbol table (`nm`).
+fn the_rust_faces_entry_points_are_learned() {
+    memquota::init(Config::from_env().expect("the environment's configuration").limit(16 * MIB)).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let nm = Command::new("nm").args(["-C", "--defined-only"]).arg(&exe).output().expect("nm");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let address = |name: &str| -> Option<usize> {
+        symbols.lines().find_map(|l| {
+            let mut f = l.splitn(3, ' ');
+            let (addr, _, sym) = (f.next()?, f.next()?, f.next()?);
+            (sym == name || sym.rsplit("::").next() == Some(name))
+                .then(|| usize::from_str_radix(addr, 16).ok())?
+        })
+    };
+    let here = address("sites::the_rust_faces_entry_points_are_learned").expect("this function in nm");
+    let base = the_rust_faces_entry_points_are_learned as *const () as usize - here;
+    for entry in ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"] {
+        let at = address(entry).unwrap_or_else(|| panic!("{entry} in nm"));
+        assert!(
+            memquota::seam::process::profile_skips_function(base + at),
+            "{entry} is learned as the allocator's"
+        );
+    }
 }
 
 /// `MEMQUOTA_PROFILE_SAMPLE=0`: no profile, and the report says nothing of sites.

@@ -24,6 +24,7 @@ mod pprof;
 mod unwind;
 
 pub use dump::{write_scope_sites, write_site_comments, write_sites, write_unreserved_sites, Sites};
+pub use hook::skips_function;
 pub use pprof::heap_profile;
 
 use crate::base::sync::{
