@@ -94,9 +94,18 @@ pub(super) fn own_object() {
 /// path; small ones (256 bytes, at most 16 MiB of them per kind) the fast path but once
 /// per slack the thread allocates, one in 16 at the least slack (4 KiB), so a small
 /// kind learns from 4 samples. A rate far above the default (a sample all but certain
-/// at it), or a program whose global allocator is not memquota's (then these never
-/// reach jemalloc), learns nothing, and its stacks start inside the allocator.
+/// at it) learns nothing, and its stacks start inside the allocator. So does a program
+/// whose global allocator does not reach memquota's jemalloc (the bench's dispatcher,
+/// `QuotaAlloc::wrap(System)`): one small block that leaves jemalloc's count of the
+/// thread's bytes where it was tells, and nothing more is tried (the tries would take
+/// tens of milliseconds for nothing).
 pub(super) fn calibrate() {
+    let allocated = || super::ctl_read::<u64>(b"thread.allocated\0");
+    let before = allocated();
+    calibrate_small();
+    if allocated() == before {
+        return;
+    }
     let kinds: [(fn(), u32, u32); 6] = [
         (calibrate_alloc, 16, 1),
         (calibrate_small, SMALL_TRIES, 4),
