@@ -75,9 +75,9 @@ fn refusal() {
     assert_eq!(during, 0, "the refusal path allocated {during} times");
     let report = memquota::last_report().unwrap();
     assert!(report.contains("64.0 MiB (67108864) requested"), "{report}");
-    let sites = report.lines().skip_while(|l| !l.trim_start().starts_with("top sites"));
+    let mut sites = report.lines().skip_while(|l| !l.trim_start().starts_with("top sites"));
     assert!(
-        sites.skip(1).next().is_some_and(|l| l.contains("% ")),
+        sites.nth(1).is_some_and(|l| l.contains("% ")),
         "the refusal named the profile's top sites:\n{report}"
     );
     drop(held);
