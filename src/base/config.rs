@@ -64,9 +64,8 @@ pub const ENV_VARS: [(&str, &str); 13] = [
 ];
 
 /// The allocation-site profile's default mean bytes between two samples: 512 KiB, Go's
-/// and jemalloc's. On by default: real programs pay 0.1-0.6% in instructions for it,
-/// allocation loops of our own 1-13% (docs/design.md, "Allocation sites"); `0` turns
-/// it off.
+/// and jemalloc's. On by default, judged on what the programs users run pay for it
+/// (docs/design.md, "On by default, at Go's rate"); `0` turns it off.
 pub const DEFAULT_PROFILE_SAMPLE: u64 = 512 << 10;
 
 /// The shortest stats interval (`MEMQUOTA_STATS_INTERVAL`, `memquota run

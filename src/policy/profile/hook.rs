@@ -103,8 +103,10 @@ pub(super) fn calibrate() {
     let allocated = || super::ctl_read::<u64>(b"thread.allocated\0");
     let before = allocated();
     calibrate_small();
-    if allocated() == before {
-        return;
+    if let (Some(before), Some(after)) = (before, allocated()) {
+        if after == before {
+            return;
+        }
     }
     let kinds: [(fn(), u32, u32); 6] = [
         (calibrate_alloc, 16, 1),

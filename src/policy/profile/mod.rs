@@ -39,7 +39,7 @@ use crate::base::sync::{
 /// rate (`MEMQUOTA_PROFILE_SAMPLE`, 512 KiB by default).
 /// The variables jemalloc reads after it (`_RJEM_MALLOC_CONF`, and `MALLOC_CONF`
 /// under the preload) still win. A program that compiles in its own
-/// `_rjem_malloc_conf` leaves the crate's `profile` feature off.
+/// `_rjem_malloc_conf` turns the crate's default features (`profile`) off.
 #[cfg(feature = "profile")]
 #[no_mangle]
 #[used]
