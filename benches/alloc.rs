@@ -532,15 +532,19 @@ fn main() {
     // A large limit: this measures the ledger's overhead, never a refusal. At 16 GiB the
     // per-thread threshold is its 1 MiB maximum.
     // MEMQUOTA_PROFILE_SAMPLE (bytes, or with k or m), as the preload reads it: the
-    // allocation-site profile's rate, for a bench built with `--features profile`.
-    let sample = std::env::var("MEMQUOTA_PROFILE_SAMPLE").map_or(0, |v| {
-        let (n, unit) = match v.strip_suffix(['k', 'K']) {
-            Some(n) => (n, 1 << 10),
-            None => v.strip_suffix(['m', 'M']).map_or((v.as_str(), 1), |n| (n, 1 << 20)),
-        };
-        n.parse::<u64>().expect("MEMQUOTA_PROFILE_SAMPLE: a size") * unit
-    });
-    memquota::init(Config::new().limit(16 << 30).profile_sample(sample)).expect("memquota::init");
+    // allocation-site profile's rate; unset, the default (512 KiB).
+    let config = Config::new().limit(16 << 30);
+    let config = match std::env::var("MEMQUOTA_PROFILE_SAMPLE") {
+        Ok(v) => {
+            let (n, unit) = match v.strip_suffix(['k', 'K']) {
+                Some(n) => (n, 1 << 10),
+                None => v.strip_suffix(['m', 'M']).map_or((v.as_str(), 1), |n| (n, 1 << 20)),
+            };
+            config.profile_sample(n.parse::<u64>().expect("MEMQUOTA_PROFILE_SAMPLE: a size") * unit)
+        }
+        Err(_) => config,
+    };
+    memquota::init(config).expect("memquota::init");
 
     let quick = env_flag("MEMQUOTA_BENCH_QUICK");
     let rounds: usize = match std::env::var("MEMQUOTA_BENCH_ROUNDS") {

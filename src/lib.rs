@@ -9,6 +9,11 @@
 //!   library.
 //! * `jvm`: [`jvm::install`] counts a JVM's heap in the budget and makes its GC the
 //!   reclaim, for a Rust library loaded into a JVM (call it from `JNI_OnLoad`).
+//! * `profile` (default): jemalloc built with profiling, for the allocation-site
+//!   profile (one sample per 512 KiB allocated unless `MEMQUOTA_PROFILE_SAMPLE` or
+//!   [`Config::profile_sample`] says otherwise; 0 turns it off). It compiles jemalloc's
+//!   options in (`_rjem_malloc_conf`): a program that compiles in its own turns
+//!   default features off.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 // Under loom only the pure parts are built, and not all of them are exercised.

@@ -61,6 +61,7 @@ pub mod process {
     pub(crate) use crate::base::settings::set_background_interval;
     pub use crate::base::settings::{set_window_hook, Window};
     pub use crate::ledger::threads::spawn_service;
+    pub use crate::policy::profile::skips_function as profile_skips_function;
     pub use crate::policy::purge::added_jemalloc_options;
     pub(crate) use crate::policy::sampler::ensure_sampling;
     pub use crate::policy::sampler::sample_now as sample_untracked;

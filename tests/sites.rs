@@ -39,6 +39,13 @@ fn main() {
                 FINE,
             ),
             ("a_refusal_leaves_a_flight_record", a_refusal_leaves_a_flight_record, FINE),
+            ("the_profile_is_on_by_default", the_profile_is_on_by_default, &[]),
+            ("the_rust_faces_entry_points_are_learned", the_rust_faces_entry_points_are_learned, &[]),
+            (
+                "a_small_block_sites_stack_starts_in_its_function",
+                a_small_block_sites_stack_starts_in_its_function,
+                &[],
+            ),
             (
                 "the_endpoint_says_how_to_turn_the_profile_on",
                 the_endpoint_says_how_to_turn_the_profile_on,
@@ -155,6 +162,90 @@ fn memory_freed_leaves_the_sites() {
     }
     assert!(named(&sites[0], "big_site") && named(&sites[1], "small_site"), "{report}");
     assert!(!sites.iter().any(|s| named(s, "churn_site")), "freed memory is not live:\n{report}");
+}
+
+/// No `MEMQUOTA_*` variable (the runner clears the shell's): the profile samples at its
+/// default rate, one per 512 KiB, and a refusal's report names the site. At that rate
+/// big_site's 768 blocks of 64 KiB are each sampled with probability 1 - e^(-1/8), about
+/// 90 samples: the estimate's spread is about 10%, so 50% is five of it, not luck.
+fn the_profile_is_on_by_default() {
+    let report = refused_report();
+    println!("{report}");
+    let sites = sites(&report);
+    assert!(!sites.is_empty() && named(&sites[0], "big_site"), "the first site is big_site:\n{report}");
+    let bytes = sites[0].bytes;
+    assert!((24 * MIB..=72 * MIB).contains(&bytes), "big_site's 48 MiB within 50%: {bytes}\n{report}");
+}
+
+/// 64-byte blocks from one function, held: small blocks, which the Rust face takes on
+/// its fast path. Boxed: each its own block.
+#[allow(clippy::vec_box)]
+#[inline(never)]
+fn tiny_site(n: usize) -> Vec<Box<[u8; 64]>> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        held.push(black_box(Box::new([6u8; 64])));
+    }
+    black_box(held)
+}
+
+/// A site of small blocks, at the default rate and the least slack (a 16 MiB limit):
+/// its stack starts in the function that allocates, not in the allocator
+/// (`__rust_alloc`, `QuotaAlloc::alloc`, `Jemalloc::alloc`), whose frames would take
+/// the places of the caller's. The first frame's names (addr2line's inlined chain of
+/// one return address) end with `tiny_site`.
+fn a_small_block_sites_stack_starts_in_its_function() {
+    // A small limit: a thread's slack is then its least, 4 KiB (`ledger::threads`).
+    let config = Config::from_env().expect("the environment's configuration").limit(16 * MIB);
+    memquota::init(config).unwrap();
+    memquota::set_report_hook(|_| {});
+    // 8 MiB in 64-byte blocks, and the 1 MiB of the vector that holds them.
+    let tiny = tiny_site(128 * 1024);
+    let mut v: Vec<u8> = Vec::new();
+    assert!(v.try_reserve_exact(16 * MIB as usize).is_err(), "16 MiB past 9 MiB held is refused at 16 MiB");
+    let report = memquota::last_report().expect("a report");
+    drop(tiny);
+    println!("{report}");
+    let line =
+        report.lines().skip_while(|l| !l.trim_start().starts_with("top sites")).nth(1).expect("a first site");
+    let frames = line.split_once('%').expect("a share").1;
+    let first = frame_names(frames).into_iter().next().expect("a frame");
+    assert!(
+        first.last().is_some_and(|f| f.contains("tiny_site")),
+        "the first site's first frame is in tiny_site, not the allocator: {first:?}\n{report}"
+    );
+}
+
+/// The profile's set-up learns every entry of the Rust face (`__rust_alloc`,
+/// `__rust_alloc_zeroed`, `__rust_realloc`, the face inlined in each) as the
+/// allocator's, whatever path its calibration's samples took: a stack that reaches
+/// jemalloc from code that calls them (another crate's, std's) would otherwise start
+/// with them, the face's frames in the places of the caller's. At the default rate and
+/// the least slack (a 16 MiB limit), where a small block takes the slow path (a tail
+/// call out of the entry, so no frame of it) once in 16. The entries' addresses come
+/// from this program's symbol table (`nm`).
+fn the_rust_faces_entry_points_are_learned() {
+    memquota::init(Config::from_env().expect("the environment's configuration").limit(16 * MIB)).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let nm = Command::new("nm").args(["-C", "--defined-only"]).arg(&exe).output().expect("nm");
+    let symbols = String::from_utf8_lossy(&nm.stdout);
+    let address = |name: &str| -> Option<usize> {
+        symbols.lines().find_map(|l| {
+            let mut f = l.splitn(3, ' ');
+            let (addr, _, sym) = (f.next()?, f.next()?, f.next()?);
+            (sym == name || sym.rsplit("::").next() == Some(name))
+                .then(|| usize::from_str_radix(addr, 16).ok())?
+        })
+    };
+    let here = address("sites::the_rust_faces_entry_points_are_learned").expect("this function in nm");
+    let base = the_rust_faces_entry_points_are_learned as *const () as usize - here;
+    for entry in ["__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc"] {
+        let at = address(entry).unwrap_or_else(|| panic!("{entry} in nm"));
+        assert!(
+            memquota::seam::process::profile_skips_function(base + at),
+            "{entry} is learned as the allocator's"
+        );
+    }
 }
 
 /// `MEMQUOTA_PROFILE_SAMPLE=0`: no profile, and the report says nothing of sites.
@@ -304,6 +395,12 @@ fn parse_size(s: &str) -> Option<u64> {
 /// Each frame (`OBJECT+ADDR`, or `+ADDR` in the object of the frame before) named by
 /// `addr2line -f -i`.
 fn names(frames: &str) -> Vec<String> {
+    frame_names(frames).into_iter().flatten().collect()
+}
+
+/// Each frame's names, innermost first: the functions inlined at its address, then
+/// the one it is in.
+fn frame_names(frames: &str) -> Vec<Vec<String>> {
     let mut object = String::new();
     let mut names = Vec::new();
     for frame in frames.split("<-").map(str::trim) {
@@ -315,7 +412,7 @@ fn names(frames: &str) -> Vec<String> {
             .args(["-f", "-i", "-C", "-e", &object, addr])
             .output()
             .expect("addr2line");
-        names.extend(String::from_utf8_lossy(&out.stdout).lines().step_by(2).map(str::to_string));
+        names.push(String::from_utf8_lossy(&out.stdout).lines().step_by(2).map(str::to_string).collect());
     }
     names
 }

@@ -51,9 +51,9 @@ enum Cmd {
         sources: Vec<String>,
     },
     /// Print the top sites of a running program's live memory from its heap profile
-    /// (GET /debug/pprof/heap on MEMQUOTA_METRICS_ADDR; the program runs with
-    /// MEMQUOTA_PROFILE_SAMPLE set), named by addr2line; or write the profile for
-    /// pprof (--out).
+    /// (GET /debug/pprof/heap on MEMQUOTA_METRICS_ADDR; the profile is on by default,
+    /// off with MEMQUOTA_PROFILE_SAMPLE=0), named by addr2line; or write the profile
+    /// for pprof (--out).
     #[command(
         after_help = "Examples: memquota profile 127.0.0.1:9464 --top 20\n          memquota profile 127.0.0.1:9464 --out heap.pb.gz && go tool pprof -top heap.pb.gz"
     )]

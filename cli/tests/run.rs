@@ -644,11 +644,12 @@ fn profile_prints_the_top_sites_and_writes_the_profile() {
     assert!(again.contains(" big_site (sites.c:"), "{again}");
 }
 
-/// What cannot be read is said, with exit status 2: a profile that is off (and how
-/// to turn it on), an address nothing listens on, a file that is not a profile.
+/// What cannot be read is said, with exit status 2: a profile turned off
+/// (`MEMQUOTA_PROFILE_SAMPLE=0`, and how to turn it on), an address nothing listens
+/// on, a file that is not a profile.
 #[test]
 fn profile_says_what_it_cannot_read() {
-    let off = while_sites_hold(&[], |addr| memquota(&["profile", addr]));
+    let off = while_sites_hold(&[("MEMQUOTA_PROFILE_SAMPLE", "0")], |addr| memquota(&["profile", addr]));
     let stderr = text(&off.stderr);
     assert_eq!(off.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("503") && stderr.contains("MEMQUOTA_PROFILE_SAMPLE"), "{stderr}");

@@ -1216,6 +1216,23 @@ fn the_report_names_the_sites_that_hold_the_memory() {
     );
 }
 
+/// No `MEMQUOTA_PROFILE_SAMPLE`: the profile samples at its default rate, one per 512
+/// KiB, and the refusal's report names big_site first. Its 768 blocks of 64 KiB are
+/// each sampled with probability 1 - e^(-1/8), about 90 samples: the estimate's spread
+/// is about 10%, so 50% is five of it, not luck.
+#[test]
+fn the_profile_is_on_by_default() {
+    let out = preloaded(&built().sites, &[], &[("MEMQUOTA_LIMIT", "64m")]);
+    assert_ok(&out, "sites");
+    assert!(text(&out.stdout).contains("32 MiB refused"), "{}", text(&out.stdout));
+    let report = text(&out.stderr);
+    assert!(report.contains("(1 per 512.0 KiB allocated)"), "the default rate:\n{report}");
+    let sites = report_sites(&report);
+    let first = sites.first().unwrap_or_else(|| panic!("the report names its top sites:\n{report}"));
+    assert!(first.1.iter().any(|n| n == "big_site"), "big_site first:\n{report}");
+    assert!(((24 << 20)..=(72 << 20)).contains(&first.0), "big_site's 48 MiB within 50%:\n{report}");
+}
+
 /// `GET /debug/pprof/heap` on the preload's endpoint while `tests/c/sites.c` holds its
 /// two sites' memory (`hold`): `go tool pprof` reads the profile, names both functions
 /// from the program's symbols (the mapping's path and build ID) and estimates each

@@ -144,8 +144,9 @@ fn heap_profile() -> std::result::Result<Vec<u8>, (&'static str, &'static str)> 
     }
     profile::heap_profile().ok_or((
         "503 Service Unavailable",
-        "the heap profile is off: set MEMQUOTA_PROFILE_SAMPLE (512k samples once per 512 KiB allocated, \
-         as Go does) before the program starts, or Config::profile_sample\n",
+        "the heap profile is off: MEMQUOTA_PROFILE_SAMPLE (or Config::profile_sample) was set to 0; \
+         unset it (the default, 512k, samples once per 512 KiB allocated, as Go does) or give a rate \
+         before the program starts\n",
     ))
 }
 

@@ -54,7 +54,13 @@ fn write_record(dir: &Path, n: u64) -> std::io::Result<PathBuf> {
         Some(profile) => std::fs::write(tmp.join("heap.pb.gz"), profile)?,
         None => std::fs::write(
             tmp.join("heap.txt"),
-            "no heap profile: MEMQUOTA_PROFILE_SAMPLE is not set (512k samples once per 512 KiB allocated, as Go does)\n",
+            if crate::policy::profile::available() {
+                "no heap profile: MEMQUOTA_PROFILE_SAMPLE was set to 0 (the default, 512k, samples once per 512 KiB \
+                 allocated, as Go does)\n"
+            } else {
+                "no heap profile: jemalloc is built without profiling (the memquota crate's `profile` feature), \
+                 or MALLOC_CONF / _RJEM_MALLOC_CONF set prof:false\n"
+            },
         )?,
     }
     let done = dir.join(&name);

@@ -24,6 +24,9 @@ __attribute__((noinline)) void *small_site(void) {
 __attribute__((noinline)) void churn_site(void) {
     void *p = malloc(64 << 10);
     if (p) memset(p, 3, 64);
+    /* The block escapes: without it gcc -O1 deletes the malloc, memset and free as
+     * dead (churn_site was a bare `ret`), and nothing was ever allocated here. */
+    __asm__ volatile("" : : "r"(p) : "memory");
     free(p);
 }
 

@@ -4,7 +4,7 @@
 //! else the functions learned by allocating from functions of known address).
 
 use crate::base::sync::{
-    AtomicBool, AtomicUsize,
+    AtomicU32, AtomicUsize,
     Ordering::{Acquire, Relaxed, Release},
 };
 use libc::{c_int, c_uint, c_void};
@@ -40,7 +40,8 @@ static OWN_LO: AtomicUsize = AtomicUsize::new(0);
 static OWN_HI: AtomicUsize = AtomicUsize::new(0);
 /// While [`calibrate`] runs: the entry of the function whose allocations it makes.
 static CALIBRATING: AtomicUsize = AtomicUsize::new(0);
-static LEARNED: AtomicBool = AtomicBool::new(false);
+/// Samples taken from the function [`CALIBRATING`] names.
+static LEARNED: AtomicU32 = AtomicU32::new(0);
 /// Finds the object this code is in: when it is not the program itself, every frame
 /// in it is the allocator's (the preload), and the stacks leave them out.
 pub(super) fn own_object() {
@@ -84,23 +85,43 @@ pub(super) fn own_object() {
 }
 
 /// Learns the allocator's frames: allocations from functions of known address are
-/// made until one of each kind has been sampled, and every function between the hook
-/// and them is the allocator's (jemalloc's entry points and profiler, the face's
-/// `GlobalAlloc` or the preload's exports). At most 16 MiB in 1 MiB blocks per kind,
-/// and 2 MiB in 4 KiB ones: a sample is all but certain at the default rate. A rate
-/// far above it, or a program whose global allocator is not memquota's (then these
-/// never reach jemalloc), learns nothing, and its stacks start inside the allocator.
+/// made until each kind has been sampled, and every function between the hook and
+/// them is the allocator's (jemalloc's entry points and profiler, the face's
+/// `GlobalAlloc` or the preload's exports). Each entry of the Rust face has two paths:
+/// a block its fast path takes goes from `__rust_alloc` (the face inlined in it) to
+/// jemalloc, one its slow path takes leaves `__rust_alloc` by a tail call (no frame of
+/// it on the stack). Big blocks (1 MiB: at most 16 per kind) always take the slow
+/// path; small ones (256 bytes, at most 16 MiB of them per kind) the fast path but once
+/// per slack the thread allocates, one in 16 at the least slack (4 KiB), so a small
+/// kind learns from 4 samples. A rate far above the default (a sample all but certain
+/// at it) learns nothing, and its stacks start inside the allocator. So does a program
+/// whose global allocator does not reach memquota's jemalloc (the bench's dispatcher,
+/// `QuotaAlloc::wrap(System)`): one small block that leaves jemalloc's count of the
+/// thread's bytes where it was tells, and nothing more is tried (the tries would take
+/// tens of milliseconds for nothing).
 pub(super) fn calibrate() {
-    // Small blocks too: a face may reach jemalloc by another path for them (the Rust
-    // face's fast path, the preload's lazy jump).
-    let kinds: [(fn(), u32); 4] =
-        [(calibrate_alloc, 16), (calibrate_small, 512), (calibrate_zeroed, 16), (calibrate_realloc, 16)];
-    for (f, tries) in kinds {
-        LEARNED.store(false, Relaxed);
+    let allocated = || super::ctl_read::<u64>(b"thread.allocated\0");
+    let before = allocated();
+    calibrate_small();
+    if let (Some(before), Some(after)) = (before, allocated()) {
+        if after == before {
+            return;
+        }
+    }
+    let kinds: [(fn(), u32, u32); 6] = [
+        (calibrate_alloc, 16, 1),
+        (calibrate_small, SMALL_TRIES, 4),
+        (calibrate_zeroed, 16, 1),
+        (calibrate_small_zeroed, SMALL_TRIES, 4),
+        (calibrate_realloc, 16, 1),
+        (calibrate_small_realloc, SMALL_TRIES / 16, 4),
+    ];
+    for (f, tries, samples) in kinds {
+        LEARNED.store(0, Relaxed);
         CALIBRATING.store(f as *const () as usize, Release);
         for _ in 0..tries {
             f();
-            if LEARNED.load(Acquire) {
+            if LEARNED.load(Acquire) >= samples {
                 break;
             }
         }
@@ -109,6 +130,9 @@ pub(super) fn calibrate() {
 }
 
 const CALIBRATION_SIZE: usize = 1 << 20;
+/// The small blocks' size: below the least slack (4 KiB) many times over.
+const SMALL_SIZE: usize = 256;
+const SMALL_TRIES: u32 = (16 << 20) / SMALL_SIZE as u32;
 
 #[inline(never)]
 fn calibrate_alloc() {
@@ -124,13 +148,50 @@ fn calibrate_alloc() {
 
 #[inline(never)]
 fn calibrate_small() {
-    let layout = std::alloc::Layout::new::<[u64; 512]>();
+    let layout = std::alloc::Layout::new::<[u64; SMALL_SIZE / 8]>();
     // SAFETY: a non-zero size; freed with the same layout.
     let p = unsafe { std::alloc::alloc(layout) };
     if !p.is_null() {
         // SAFETY: allocated just above with this layout.
         unsafe { std::alloc::dealloc(std::hint::black_box(p), layout) };
     }
+}
+
+#[inline(never)]
+fn calibrate_small_zeroed() {
+    let layout = std::alloc::Layout::new::<[u64; SMALL_SIZE / 8]>();
+    // SAFETY: a non-zero size; freed with the same layout.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if !p.is_null() {
+        // SAFETY: allocated just above with this layout.
+        unsafe { std::alloc::dealloc(std::hint::black_box(p), layout) };
+    }
+}
+
+/// A small block grown and shrunk 8 times: of the bytes it allocates, 96% are
+/// `realloc`'s, so the samples of this kind are all but certainly some of them.
+#[inline(never)]
+fn calibrate_small_realloc() {
+    let small = std::alloc::Layout::new::<[u64; SMALL_SIZE / 16]>();
+    // SAFETY: a non-zero size.
+    let p = unsafe { std::alloc::alloc(small) };
+    if p.is_null() {
+        return;
+    }
+    let mut block = (p, small);
+    'resizing: for _ in 0..8 {
+        for size in [SMALL_SIZE, SMALL_SIZE / 2] {
+            // SAFETY: `block` is live with its layout; the new size is non-zero and
+            // fits isize.
+            let q = unsafe { std::alloc::realloc(std::hint::black_box(block.0), block.1, size) };
+            if q.is_null() {
+                break 'resizing;
+            }
+            block = (q, std::alloc::Layout::from_size_align(size, small.align()).unwrap_or(small));
+        }
+    }
+    // SAFETY: live with its layout, freed once.
+    unsafe { std::alloc::dealloc(std::hint::black_box(block.0), block.1) };
 }
 
 #[inline(never)]
@@ -162,6 +223,12 @@ fn calibrate_realloc() {
     };
     // SAFETY: live with `layout`, freed once.
     unsafe { std::alloc::dealloc(std::hint::black_box(block), layout) };
+}
+
+/// Whether the stacks leave out the function that starts at `start`, learned as the
+/// allocator's (a test's view of the calibration).
+pub fn skips_function(start: usize) -> bool {
+    skipped(start)
 }
 
 fn skipped(start: usize) -> bool {
@@ -221,7 +288,7 @@ impl Walk {
         if self.calibrating != 0 {
             if start == self.calibrating {
                 learn(&self.seen[..self.nseen]);
-                LEARNED.store(true, Release);
+                LEARNED.fetch_add(1, Release);
                 self.calibrating = 0;
             } else if self.nseen < SKIP {
                 self.seen[self.nseen] = start;

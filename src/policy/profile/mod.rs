@@ -4,8 +4,9 @@
 //! `2^lg_prof_sample` bytes on average, keeps each sampled block's stack until the
 //! block is freed (a sampled small block is promoted to a page-aligned extent of its
 //! own, so its free finds it at no cost to other frees), and writes the live samples
-//! on `prof.dump`. memquota turns it on with `MEMQUOTA_PROFILE_SAMPLE` (a rate: 512k is
-//! Go's; off by default, for what the unwinder costs), captures the stacks itself (`backtrace`: the unwind tables' rules
+//! on `prof.dump`. memquota turns it on at one sample per 512 KiB (Go's rate, the
+//! default; `MEMQUOTA_PROFILE_SAMPLE` sets another, 0 turns it off), captures the
+//! stacks itself (`backtrace`: the unwind tables' rules
 //! read once per return address and kept, libgcc's unwinder for the rest, the
 //! allocator's own frames left out), and reads the top sites at a refusal: the dump
 //! goes to a memfd and is parsed line by line in a fixed buffer, so the refusing
@@ -24,6 +25,7 @@ mod pprof;
 mod unwind;
 
 pub use dump::{write_scope_sites, write_site_comments, write_sites, write_unreserved_sites, Sites};
+pub use hook::skips_function;
 pub use pprof::heap_profile;
 
 use crate::base::sync::{
@@ -33,10 +35,11 @@ use crate::base::sync::{
 
 /// jemalloc's options compiled into the program (`malloc_conf`, with the prefix of
 /// memquota's jemalloc): profiling possible from jemalloc's start (`opt.prof` cannot
-/// be turned on later), no sample taken until `MEMQUOTA_PROFILE_SAMPLE` sets a rate.
+/// be turned on later), no sample taken until `init` or the sampler thread applies the
+/// rate (`MEMQUOTA_PROFILE_SAMPLE`, 512 KiB by default).
 /// The variables jemalloc reads after it (`_RJEM_MALLOC_CONF`, and `MALLOC_CONF`
 /// under the preload) still win. A program that compiles in its own
-/// `_rjem_malloc_conf` leaves the crate's `profile` feature off.
+/// `_rjem_malloc_conf` turns the crate's default features (`profile`) off.
 #[cfg(feature = "profile")]
 #[no_mangle]
 #[used]
