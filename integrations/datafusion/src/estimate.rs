@@ -49,19 +49,77 @@ pub(crate) struct BuildSides {
     pub(crate) unknown: usize,
 }
 
-/// Estimates what `plan`'s hash joins hold at once.
-pub(crate) fn build_sides(plan: &dyn ExecutionPlan) -> Result<BuildSides> {
+/// Estimates what `plan`'s hash joins hold at once, the joins of `spilling` (by
+/// address) taken as joins that spill (sort-merge joins): they hold no build side.
+fn build_sides_but(plan: &dyn ExecutionPlan, spilling: &[*const ()]) -> Result<BuildSides> {
     let stats = StatisticsContext::new();
     let mut out = BuildSides::default();
-    out.bytes = held(plan, &stats, &mut out)?;
+    out.bytes = held(plan, &stats, spilling, &mut out)?;
     Ok(out)
 }
 
-fn held(plan: &dyn ExecutionPlan, stats: &StatisticsContext, out: &mut BuildSides) -> Result<u64> {
+/// An operator's address, to tell the same node of a plan from an equal one.
+pub(crate) fn address(plan: &dyn ExecutionPlan) -> *const () {
+    std::ptr::from_ref(plan).cast()
+}
+
+/// The hash joins of `plan` to plan as sort-merge joins (which spill) so that what
+/// the others hold fits `room`, by their addresses, and the plan's hash joins: none
+/// when the plan fits. One at a time, the join whose sort-merge plan lowers the
+/// estimate most (of two that lower it as much, the one with the smaller build side:
+/// a sort-merge join sorts both its sides), until the estimate fits or no join lowers
+/// it: every join that fits with the others stays a hash join, the faster join.
+/// Joins that a sort-merge join cannot replace are kept (a null-aware anti join, a
+/// join with a row limit).
+pub(crate) fn joins_to_spill(plan: &dyn ExecutionPlan, room: u64) -> Result<(Vec<*const ()>, usize)> {
+    let mut candidates = Vec::new();
+    hash_joins(plan, &mut candidates);
+    let stats = StatisticsContext::new();
+    let own = |join: &HashJoinExec| -> Result<u64> {
+        Ok(rows(join.left().as_ref(), &stats)?.map_or(0, |r| table_bytes(r, &join.left().schema())))
+    };
+    let joins = candidates.len();
+    candidates.retain(|j| !j.null_aware && j.fetch().is_none());
+    let mut spilling = Vec::new();
+    let mut now = build_sides_but(plan, &spilling)?.bytes;
+    while now > room {
+        let mut best: Option<(u64, u64, usize)> = None;
+        for (i, join) in candidates.iter().enumerate() {
+            let mut with = spilling.clone();
+            with.push(address(*join));
+            let bytes = build_sides_but(plan, &with)?.bytes;
+            let key = (bytes, own(join)?, i);
+            if bytes < now && best.is_none_or(|b| (key.0, key.1) < (b.0, b.1)) {
+                best = Some(key);
+            }
+        }
+        let Some((bytes, _, i)) = best else { break };
+        spilling.push(address(candidates.swap_remove(i)));
+        now = bytes;
+    }
+    Ok((spilling, joins))
+}
+
+fn hash_joins<'a>(plan: &'a dyn ExecutionPlan, out: &mut Vec<&'a HashJoinExec>) {
     if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+        out.push(join);
+    }
+    for child in plan.children() {
+        hash_joins(child.as_ref(), out);
+    }
+}
+
+fn held(
+    plan: &dyn ExecutionPlan,
+    stats: &StatisticsContext,
+    spilling: &[*const ()],
+    out: &mut BuildSides,
+) -> Result<u64> {
+    let join = plan.downcast_ref::<HashJoinExec>().filter(|_| !spilling.contains(&address(plan)));
+    if let Some(join) = join {
         out.joins += 1;
-        let building = held(join.left().as_ref(), stats, out)?;
-        let probing = held(join.right().as_ref(), stats, out)?;
+        let building = held(join.left().as_ref(), stats, spilling, out)?;
+        let probing = held(join.right().as_ref(), stats, spilling, out)?;
         let built = match rows(join.left().as_ref(), stats)? {
             Some(rows) => table_bytes(rows, &join.left().schema()),
             None => {
@@ -73,7 +131,7 @@ fn held(plan: &dyn ExecutionPlan, stats: &StatisticsContext, out: &mut BuildSide
     }
     let mut sum = 0u64;
     for child in plan.children() {
-        sum = sum.saturating_add(held(child.as_ref(), stats, out)?);
+        sum = sum.saturating_add(held(child.as_ref(), stats, spilling, out)?);
     }
     Ok(sum)
 }
