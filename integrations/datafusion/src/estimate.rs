@@ -63,39 +63,58 @@ pub(crate) fn address(plan: &dyn ExecutionPlan) -> *const () {
     std::ptr::from_ref(plan).cast()
 }
 
-/// The hash joins of `plan` to plan as sort-merge joins (which spill) so that what
-/// the others hold fits `room`, by their addresses, and the plan's hash joins: none
-/// when the plan fits. One at a time, the join whose sort-merge plan lowers the
-/// estimate most (of two that lower it as much, the one with the smaller build side:
-/// a sort-merge join sorts both its sides), until the estimate fits or no join lowers
-/// it: every join that fits with the others stays a hash join, the faster join.
-/// Joins that a sort-merge join cannot replace are kept (a null-aware anti join, a
-/// join with a row limit).
+/// A build side too small to be worth a sort-merge join: below it a hash join is kept
+/// whatever the estimate (as a sort-merge join it would sort its probe side, often a
+/// big one, to save less than this).
+const SMALL_BUILD: u64 = 1 << 20;
+
+/// The hash joins of `plan` to plan as sort-merge joins (which spill), by their
+/// addresses, and the plan's hash joins: none when the plan fits `room`. Otherwise
+/// the joins left hash joins must fit a quarter of `room`: half of it is for the
+/// sort-merge joins' sorts, which run beside them and which a refused build side
+/// cannot make spill (a sort that fitted in memory holds its rows until they are
+/// merged), and the estimate of a build side can be short by nearly half (its strings
+/// wider than the width taken for them: TPC-H query 10's customers held more than
+/// 1.6 times their estimate). Every join whose build side alone passes that is changed, then
+/// one at a time the join whose change lowers the estimate most (when none lowers it,
+/// as with two equal joins on paths of their own, the biggest), until the rest fits:
+/// the joins that fit stay hash joins, the faster join. Joins that a sort-merge join
+/// cannot replace are kept (a null-aware anti join, a join with a row limit), and so
+/// are build sides under [`SMALL_BUILD`].
 pub(crate) fn joins_to_spill(plan: &dyn ExecutionPlan, room: u64) -> Result<(Vec<*const ()>, usize)> {
     let mut candidates = Vec::new();
     hash_joins(plan, &mut candidates);
-    let stats = StatisticsContext::new();
-    let own = |join: &HashJoinExec| -> Result<u64> {
-        Ok(rows(join.left().as_ref(), &stats)?.map_or(0, |r| table_bytes(r, &join.left().schema())))
-    };
     let joins = candidates.len();
-    candidates.retain(|j| !j.null_aware && j.fetch().is_none());
-    let mut spilling = Vec::new();
-    let mut now = build_sides_but(plan, &spilling)?.bytes;
-    while now > room {
+    let mut now = build_sides_but(plan, &[])?.bytes;
+    if now <= room {
+        return Ok((Vec::new(), joins));
+    }
+    let target = room / 4;
+    let stats = StatisticsContext::new();
+    let mut sized = Vec::new();
+    for join in candidates {
+        let own = rows(join.left().as_ref(), &stats)?.map_or(0, |r| table_bytes(r, &join.left().schema()));
+        if !join.null_aware && join.fetch().is_none() && own >= SMALL_BUILD {
+            sized.push((address(join), own));
+        }
+    }
+    let (mut spilling, mut sized): (Vec<_>, Vec<_>) = sized.into_iter().partition(|&(_, own)| own > target);
+    let mut spilling: Vec<*const ()> = spilling.drain(..).map(|(a, _)| a).collect();
+    now = build_sides_but(plan, &spilling)?.bytes;
+    while now > target && !sized.is_empty() {
         let mut best: Option<(u64, u64, usize)> = None;
-        for (i, join) in candidates.iter().enumerate() {
+        for (i, &(join, own)) in sized.iter().enumerate() {
             let mut with = spilling.clone();
-            with.push(address(*join));
+            with.push(join);
             let bytes = build_sides_but(plan, &with)?.bytes;
-            let key = (bytes, own(join)?, i);
-            if bytes < now && best.is_none_or(|b| (key.0, key.1) < (b.0, b.1)) {
-                best = Some(key);
+            if best.is_none_or(|b| (bytes, u64::MAX - own) < (b.0, u64::MAX - b.1)) {
+                best = Some((bytes, own, i));
             }
         }
         let Some((bytes, _, i)) = best else { break };
-        spilling.push(address(candidates.swap_remove(i)));
-        now = bytes;
+        let i = if bytes < now { i } else { (0..sized.len()).max_by_key(|&i| sized[i].1).unwrap_or(i) };
+        spilling.push(sized.swap_remove(i).0);
+        now = build_sides_but(plan, &spilling)?.bytes;
     }
     Ok((spilling, joins))
 }

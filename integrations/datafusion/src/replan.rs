@@ -1,6 +1,7 @@
 //! A query that plans again when what it asked for cannot fit the budget: the
 //! spark-rapids retry, applied to a whole query, and, before it runs, a plan chosen
-//! from DataFusion's estimates against what the budget leaves the query. DataFusion cannot spill some operators
+//! join by join from DataFusion's estimates against what the budget leaves the query.
+//! DataFusion cannot spill some operators
 //! (a hash join's build side above all); when [`MemquotaPool`] refuses one of them,
 //! spilling cannot make room and the query fails. [`collect_query`] then runs it again
 //! from its logical plan with a more frugal physical plan: sort-merge joins, which
@@ -192,10 +193,14 @@ fn sort_merge(join: &HashJoinExec) -> Result<Arc<dyn ExecutionPlan>> {
 /// * **Before it runs**, when DataFusion's statistics say the plan's hash joins would
 ///   hold more than the budget leaves the query (their build sides, which cannot
 ///   spill, against the room under the limit and under its fair share, less the
-///   pool's margin), the query is planned with sort-merge joins instead, which spill
-///   ([`Collected::replans`], [`PoolStats::replans`](crate::PoolStats::replans)); its
-///   scope is named `"{name} (replanned: sort-merge joins)"`. Without row counts (a
-///   table that gives none) the hash joins are tried.
+///   pool's margin), the joins that do not fit are planned as sort-merge joins, which
+///   spill, and the others stay hash joins, fitting a quarter of that room (the rest
+///   is for the sort-merge joins' sorts and the estimate's error): docs/datafusion.md,
+///   "Before the first run"
+///   ([`Collected::replans`], [`PoolStats::replans`](crate::PoolStats::replans);
+///   [`Collected::replanned_joins`]). Its scope is named `"{name} (replanned: K of N
+///   joins sort-merge)"`. Without row counts (a table that gives none) the hash joins
+///   are tried.
 /// * **When a run fails** because [`MemquotaPool`] refused a request no spill could
 ///   answer (an operator that cannot spill, such as `HashJoinInput`, a hash join's
 ///   build side, or a spiller holding nothing), the query is planned again from its

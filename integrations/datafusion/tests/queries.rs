@@ -48,6 +48,9 @@ const MIB: u64 = 1 << 20;
 /// table's) cannot fit 64 MiB, and of one that fits.
 const BIG_JOIN_ROWS: u64 = 8_000_000;
 const SMALL_JOIN_ROWS: u64 = 500_000;
+/// Rows of the join that fits beside a big one: the hash joins kept beside sort-merge
+/// joins must fit half the room (the other half is for the sorts).
+const MIXED_SMALL_ROWS: u64 = 100_000;
 /// Rows of the table the session knows by name.
 const NAMED_ROWS: u64 = 1000;
 
@@ -176,7 +179,7 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
             };
             let query = || -> Result<DataFrame> {
                 let join = |rows| workload::join(counted(rows, ("v", "s"))?, counted(rows, ("w", "t"))?);
-                join(BIG_JOIN_ROWS)?.union(join(SMALL_JOIN_ROWS)?)?.aggregate(vec![], vec![sum(col("n"))])
+                join(BIG_JOIN_ROWS)?.union(join(MIXED_SMALL_ROWS)?)?.aggregate(vec![], vec![sum(col("n"))])
             };
             let all_hash = runtime.block_on(run_query("all hash joins", async {
                 Ok::<_, DataFusionError>(workload::number(&query()?.collect().await?))
@@ -374,14 +377,14 @@ fn of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge(_: &[Row]
         "planned with hash joins, it is refused\n{}",
         seen.text
     );
-    let count = workload::join_count(BIG_JOIN_ROWS) + workload::join_count(SMALL_JOIN_ROWS);
+    let count = workload::join_count(BIG_JOIN_ROWS) + workload::join_count(MIXED_SMALL_ROWS);
     assert_eq!(seen.num("mixed-count"), count as u64, "{}", seen.text);
     let mut joins = seen.all("mixed-joins").join(",").split(',').map(str::to_owned).collect::<Vec<_>>();
     joins.sort();
     assert_eq!(
         joins,
-        ["HashJoinExec:500000", "SortMergeJoinExec:0"],
-        "the join that fits kept its hash join, built of its 500 k rows\n{}",
+        [format!("HashJoinExec:{MIXED_SMALL_ROWS}"), "SortMergeJoinExec:0".to_owned()],
+        "the join that fits kept its hash join, built of its rows\n{}",
         seen.text
     );
     assert_eq!(
