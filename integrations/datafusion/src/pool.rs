@@ -73,6 +73,7 @@ pub struct MemquotaPool {
     unspillable: Mutex<HashMap<u64, u64>>,
     retries: AtomicU64,
     replans: AtomicU64,
+    replanned_joins: AtomicU64,
     room: Room,
     room_wait: Duration,
 }
@@ -88,8 +89,11 @@ pub struct PoolStats {
     pub retries: u64,
     /// Queries [`collect_query`](crate::collect_query) planned with sort-merge joins
     /// before running them: the estimate of their hash joins' build sides did not fit
-    /// the room the budget left them.
+    /// the room the budget left them, so the joins that did not fit became sort-merge
+    /// joins.
     pub replans: u64,
+    /// The joins of those queries planned as sort-merge joins instead of hash joins.
+    pub replanned_joins: u64,
     /// Waits that found the query they waited for holding spillable reservations: it
     /// was asked to spill, at its next growth.
     pub spill_asks: u64,
@@ -140,6 +144,7 @@ impl MemquotaPool {
             unspillable: Mutex::new(HashMap::new()),
             retries: AtomicU64::new(0),
             replans: AtomicU64::new(0),
+            replanned_joins: AtomicU64::new(0),
             room: Room::default(),
             room_wait: DEFAULT_ROOM_WAIT,
         }
@@ -159,6 +164,7 @@ impl MemquotaPool {
             refusals: self.refusals(),
             retries: self.retries(),
             replans: self.replans.load(Relaxed),
+            replanned_joins: self.replanned_joins.load(Relaxed),
             spill_asks: room.spill_asks,
             waits: room.waits,
             waits_with_room: room.waits_with_room,
@@ -183,8 +189,9 @@ impl MemquotaPool {
         self.retries.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn note_replan(&self) {
+    pub(crate) fn note_replan(&self, joins: u64) {
         self.replans.fetch_add(1, Relaxed);
+        self.replanned_joins.fetch_add(joins, Relaxed);
     }
 
     /// What a request of `scope`'s query that cannot spill could be granted now: the

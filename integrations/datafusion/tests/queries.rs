@@ -15,6 +15,9 @@
 //!   before it runs (never refused), the one that fits keeps its hash join; a cross join whose
 //!   collected side cannot fit on any plan fails with `ResourcesExhausted` naming the
 //!   query and what held the memory, and the same process then runs the group-by;
+//! * with `collect_query`, one query of two joins over tables that give their row
+//!   counts, refused with hash joins: the join that does not fit is planned by a
+//!   sort-merge join before it runs, the one that fits keeps its hash join;
 //! * a sort-merge join (as a user can choose it) both of whose sides spill completes:
 //!   the first side's merge of its spill files leaves the second side room.
 //!
@@ -29,8 +32,9 @@ mod workload;
 
 use harness::Seen;
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
+use memquota_datafusion::datafusion::functions_aggregate::expr_fn::sum;
 use memquota_datafusion::datafusion::physical_plan::{collect, ExecutionPlan};
-use memquota_datafusion::datafusion::prelude::{DataFrame, SessionContext};
+use memquota_datafusion::datafusion::prelude::{col, DataFrame, SessionContext};
 use memquota_datafusion::{collect_query, run_query, MemquotaPool, QueryScope};
 use std::sync::Arc;
 use workload::Row;
@@ -44,6 +48,9 @@ const MIB: u64 = 1 << 20;
 /// table's) cannot fit 64 MiB, and of one that fits.
 const BIG_JOIN_ROWS: u64 = 8_000_000;
 const SMALL_JOIN_ROWS: u64 = 500_000;
+/// Rows of the join that fits beside a big one: the hash joins kept beside sort-merge
+/// joins must fit half the room (the other half is for the sorts).
+const MIXED_SMALL_ROWS: u64 = 100_000;
 /// Rows of the table the session knows by name.
 const NAMED_ROWS: u64 = 1000;
 
@@ -54,6 +61,19 @@ fn operators(plan: &dyn ExecutionPlan, out: &mut Vec<String>) {
     }
     for child in plan.children() {
         operators(child.as_ref(), out);
+    }
+}
+
+/// A plan's joins, by name, with the rows of their build side (a hash join's) or of
+/// both sides.
+fn joins_of(plan: &dyn ExecutionPlan, out: &mut Vec<String>) {
+    if plan.name().contains("Join") {
+        let metrics = plan.metrics().unwrap_or_default();
+        let rows = metrics.sum_by_name("build_input_rows").map_or(0, |m| m.as_usize());
+        out.push(format!("{}:{rows}", plan.name()));
+    }
+    for child in plan.children() {
+        joins_of(child.as_ref(), out);
     }
 }
 
@@ -149,6 +169,30 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
                 operators(done.plan.as_ref(), &mut names);
                 println!("{key}-plan {}", names.join(","));
             }
+        }
+        "joins-mixed" => {
+            // One query of two joins over tables that give their row counts: one
+            // whose build side cannot fit, one that fits.
+            let counted = |rows: u64, names| -> Result<DataFrame> {
+                let table = workload::table(rows, workload::PARTITIONS, names)?;
+                ctx.read_table(counted::with_rows(table, rows as usize, true))
+            };
+            let query = || -> Result<DataFrame> {
+                let join = |rows| workload::join(counted(rows, ("v", "s"))?, counted(rows, ("w", "t"))?);
+                join(BIG_JOIN_ROWS)?.union(join(MIXED_SMALL_ROWS)?)?.aggregate(vec![], vec![sum(col("n"))])
+            };
+            let all_hash = runtime.block_on(run_query("all hash joins", async {
+                Ok::<_, DataFusionError>(workload::number(&query()?.collect().await?))
+            }));
+            print_exhausted("all-hash", &all_hash);
+            let done = runtime.block_on(collect_query("mixed", query()?))?;
+            println!("mixed-count {}", workload::number(&done.batches));
+            println!("mixed-retries {}", done.retries);
+            println!("mixed-replans {}", done.replans);
+            println!("mixed-replanned-joins {}", done.replanned_joins);
+            let mut joins = Vec::new();
+            joins_of(done.plan.as_ref(), &mut joins);
+            println!("mixed-joins {}", joins.join(","));
         }
         "unfittable-then-group-by" => {
             let failed = runtime.block_on(async {
@@ -325,6 +369,35 @@ fn a_join_estimated_too_big_to_build_is_planned_by_sort_merge_before_it_runs(_: 
     assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
 
+fn of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge(_: &[Row]) {
+    let seen = run_child("joins-mixed", 64);
+    assert_eq!(
+        seen.all("all-hash"),
+        ["ResourcesExhausted"],
+        "planned with hash joins, it is refused\n{}",
+        seen.text
+    );
+    let count = workload::join_count(BIG_JOIN_ROWS) + workload::join_count(MIXED_SMALL_ROWS);
+    assert_eq!(seen.num("mixed-count"), count as u64, "{}", seen.text);
+    let mut joins = seen.all("mixed-joins").join(",").split(',').map(str::to_owned).collect::<Vec<_>>();
+    joins.sort();
+    assert_eq!(
+        joins,
+        [format!("HashJoinExec:{MIXED_SMALL_ROWS}"), "SortMergeJoinExec:0".to_owned()],
+        "the join that fits kept its hash join, built of its rows\n{}",
+        seen.text
+    );
+    assert_eq!(
+        (seen.num("mixed-replans"), seen.num("mixed-replanned-joins"), seen.num("mixed-retries")),
+        (1, 1, 0),
+        "one join is replanned before the query runs, never run and refused\n{}",
+        seen.text
+    );
+    assert_eq!(seen.num("pool-replans"), 1, "the pool counts the query\n{}", seen.text);
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
 fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &[Row]) {
     let seen = run_child("unfittable-then-group-by", 64);
     assert_eq!(seen.all("cross"), ["ResourcesExhausted"], "{}", seen.text);
@@ -364,6 +437,9 @@ fn main() {
             }),
             ("a_join_estimated_too_big_to_build_is_planned_by_sort_merge_before_it_runs", &|| {
                 a_join_estimated_too_big_to_build_is_planned_by_sort_merge_before_it_runs(&expected)
+            }),
+            ("of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge", &|| {
+                of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge(&expected)
             }),
             ("a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs", &|| {
                 a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(&expected)

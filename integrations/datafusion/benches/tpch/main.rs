@@ -163,6 +163,7 @@ fn child(c: &Case) -> Result<()> {
     if let Some(p) = memquota_pool {
         println!("retries {}", p.retries());
         println!("replans {}", p.stats().replans);
+        println!("replanned-joins {}", p.stats().replanned_joins);
         println!("refusals {}", p.refusals());
     }
     Ok(())
@@ -296,6 +297,8 @@ struct Run {
     spills: u64,
     retries: u64,
     replans: u64,
+    /// Joins the replans made sort-merge joins.
+    replanned_joins: u64,
     /// With streams: each query run, and the pool's waits.
     results: Vec<StreamResult>,
     waits: u64,
@@ -507,6 +510,7 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
         spills: num("spills") as u64,
         retries: num("retries") as u64,
         replans: num("replans") as u64,
+        replanned_joins: num("replanned-joins") as u64,
         results: stdout.lines().filter_map(|l| StreamResult::parse(l.strip_prefix("result ")?)).collect(),
         waits: num("waits") as u64,
         waits_with_room: num("waits-with-room") as u64,
@@ -813,7 +817,7 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     for (limit, by_pool) in limits.iter().zip(results) {
         let _ = writeln!(
             s,
-            "\nAt {}: peak RSS / L, wall time, spills (s), replans (p), retries (r); or why it failed\n",
+            "\nAt {}: peak RSS / L ((peak - idle RSS) / L), wall time, spills (s), replans (p, with the joins made sort-merge joins), retries (r); or why it failed\n",
             limit.label()
         );
         let pools: Vec<&String> = by_pool.keys().collect();
@@ -836,11 +840,19 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
             for p in &pools {
                 let (l, r) = &by_pool[*p][q];
                 let cell = if r.ok {
-                    let mut c = format!("{:.2} L, {:.1} s", r.rss as f64 / *l as f64, r.wall);
+                    let mut c = format!(
+                        "{:.2} L ({:.2}), {:.1} s",
+                        r.rss as f64 / *l as f64,
+                        r.rss.saturating_sub(r.idle) as f64 / *l as f64,
+                        r.wall
+                    );
                     for (n, tag) in [(r.spills, "s"), (r.replans, "p"), (r.retries, "r")] {
                         if n > 0 {
                             let _ = write!(c, ", {n}{tag}");
                         }
+                    }
+                    if r.replanned_joins > 0 {
+                        let _ = write!(c, " ({} joins)", r.replanned_joins);
                     }
                     c
                 } else {
