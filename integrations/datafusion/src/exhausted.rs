@@ -146,6 +146,7 @@ pub(crate) fn message(
             size(keep),
             match step {
                 0 => String::new(),
+                step if request.copies => format!(", and {} for the copy this build side makes", size(step)),
                 step => format!(", and {} for this spiller's next step", size(step)),
             }
         ),
@@ -155,7 +156,13 @@ pub(crate) fn message(
             size(held),
             size(line),
             size(share),
-            if request.can_spill { " this spiller" } else { "" }
+            if request.can_spill {
+                " this spiller"
+            } else if request.copies {
+                " this build side and its copy"
+            } else {
+                ""
+            }
         ),
     };
     m.push_str(note);

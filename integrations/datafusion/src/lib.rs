@@ -61,7 +61,7 @@ mod spill_files;
 
 pub use attach::{in_scope, install_tracer, InScope, ScopeTracer};
 pub use datafusion;
-pub use pool::{MemquotaPool, PoolStats, DEFAULT_MARGIN, DEFAULT_ROOM_WAIT};
+pub use pool::{MemquotaPool, PoolStats, DEFAULT_MARGIN, DEFAULT_MARGIN_CAP, DEFAULT_ROOM_WAIT};
 pub use query::{run_query, QueryScope};
 pub use replan::{collect_query, Collected, MAX_RETRIES};
 pub use spill_files::{disk_manager_builder, ScopedSpillFiles, SPILL_MERGE_FAN_IN};

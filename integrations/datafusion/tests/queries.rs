@@ -31,8 +31,10 @@ mod harness;
 mod workload;
 
 use harness::Seen;
+use memquota_datafusion::datafusion::arrow::array::StringArray;
+use memquota_datafusion::datafusion::common::JoinType;
 use memquota_datafusion::datafusion::error::{DataFusionError, Result};
-use memquota_datafusion::datafusion::functions_aggregate::expr_fn::sum;
+use memquota_datafusion::datafusion::functions_aggregate::expr_fn::{max, sum};
 use memquota_datafusion::datafusion::physical_plan::{collect, ExecutionPlan};
 use memquota_datafusion::datafusion::prelude::{col, DataFrame, SessionContext};
 use memquota_datafusion::{collect_query, run_query, MemquotaPool, QueryScope};
@@ -51,6 +53,10 @@ const SMALL_JOIN_ROWS: u64 = 500_000;
 /// Rows of the join that fits beside a big one: the hash joins kept beside sort-merge
 /// joins must fit half the room (the other half is for the sorts).
 const MIXED_SMALL_ROWS: u64 = 100_000;
+/// A join whose build sides (values and labels, 28 MB a partition) and tables (17 MB)
+/// fit 128 MiB with the margin, but not with the copy each build side makes once it is
+/// collected.
+const COPY_JOIN_ROWS: u64 = 1_400_000;
 /// Rows of the table the session knows by name.
 const NAMED_ROWS: u64 = 1000;
 
@@ -81,6 +87,14 @@ fn joins_of(plan: &dyn ExecutionPlan, out: &mut Vec<String>) {
 fn spills(plan: &dyn ExecutionPlan) -> usize {
     let own = plan.metrics().and_then(|m| m.spill_count()).unwrap_or(0);
     own + plan.children().into_iter().map(|c| spills(c.as_ref())).sum::<usize>()
+}
+
+/// The one string of a one-string result.
+fn label_of(batches: &[memquota_datafusion::datafusion::arrow::record_batch::RecordBatch]) -> String {
+    batches
+        .first()
+        .and_then(|b| b.column(0).as_any().downcast_ref::<StringArray>())
+        .map_or_else(String::new, |a| a.value(0).to_owned())
 }
 
 fn print_exhausted(key: &str, failed: &Result<i64>) {
@@ -193,6 +207,29 @@ fn child(case: &str, limit_mib: u64) -> Result<()> {
             let mut joins = Vec::new();
             joins_of(done.plan.as_ref(), &mut joins);
             println!("mixed-joins {}", joins.join(","));
+        }
+        "build-side-copy" => {
+            // SELECT max(s) FROM t JOIN u ON v = w: each build side holds values and
+            // labels, and copies them once collected.
+            let rows = COPY_JOIN_ROWS;
+            let query = || -> Result<DataFrame> {
+                let left = ctx.read_table(workload::table(rows, workload::PARTITIONS, ("v", "s"))?)?;
+                let right = ctx.read_table(workload::table(rows, workload::PARTITIONS, ("w", "t"))?)?;
+                left.join(right, JoinType::Inner, &["v"], &["w"], None)?
+                    .aggregate(vec![], vec![max(col("s")).alias("m")])
+            };
+            let alone = runtime.block_on(run_query("hash join", async { query()?.collect().await }));
+            match alone.as_ref().map_err(DataFusionError::find_root) {
+                Err(DataFusionError::ResourcesExhausted(message)) => {
+                    println!("hash-join ResourcesExhausted");
+                    println!("hash-join-message {}", message.lines().next().unwrap_or_default());
+                }
+                Err(e) => println!("hash-join other error: {}", e.to_string().replace('\n', " | ")),
+                Ok(batches) => println!("hash-join completed with {}", label_of(batches)),
+            }
+            let done = runtime.block_on(collect_query("retried", query()?))?;
+            println!("retried-label {}", label_of(&done.batches));
+            println!("retried-retries {}", done.retries);
         }
         "unfittable-then-group-by" => {
             let failed = runtime.block_on(async {
@@ -398,6 +435,20 @@ fn of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge(_: &[Row]
     assert!(peak <= 64 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
 
+fn a_build_side_leaves_room_for_the_copy_datafusion_makes_of_it(_: &[Row]) {
+    // Granted its tables with the margin alone (as before), the join passed the limit
+    // while its build sides were copied: tracked peak 145.0 MB at 128 MiB.
+    let seen = run_child("build-side-copy", 128);
+    assert_eq!(seen.all("hash-join"), ["ResourcesExhausted"], "{}", seen.text);
+    let message = seen.message("hash-join");
+    assert!(message.contains("for the copy this build side makes"), "{message}");
+    let max = (0..COPY_JOIN_ROWS).map(workload::value).max().unwrap_or_default();
+    assert_eq!(seen.one("retried-label"), workload::label(max), "{}", seen.text);
+    assert_eq!(seen.num("retried-retries"), 1, "run again by sort-merge joins\n{}", seen.text);
+    let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
+    assert!(peak <= 128 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
+}
+
 fn a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(expected: &[Row]) {
     let seen = run_child("unfittable-then-group-by", 64);
     assert_eq!(seen.all("cross"), ["ResourcesExhausted"], "{}", seen.text);
@@ -440,6 +491,9 @@ fn main() {
             }),
             ("of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge", &|| {
                 of_two_joins_only_the_one_too_big_to_build_is_planned_by_sort_merge(&expected)
+            }),
+            ("a_build_side_leaves_room_for_the_copy_datafusion_makes_of_it", &|| {
+                a_build_side_leaves_room_for_the_copy_datafusion_makes_of_it(&expected)
             }),
             ("a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs", &|| {
                 a_query_that_cannot_fit_fails_after_its_retries_and_the_next_runs(&expected)

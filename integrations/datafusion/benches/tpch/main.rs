@@ -12,7 +12,11 @@
 //! `collect_query`, which plans again when a join cannot fit (`memquota-replan`).
 //!
 //! Per query and configuration: completed or why not, peak RSS / L, wall time,
-//! spills, and the retries `collect_query` made. Printed as markdown
+//! spills, and the replans and retries `collect_query` made; under `MemquotaPool` also
+//! the peak of the tracked native bytes and of what DataFusion allocated past its
+//! reservations (read every millisecond). The `MEMQUOTA_*` variables apply to the
+//! `MemquotaPool` runs (`MEMQUOTA_PROFILE_SAMPLE`, `MEMQUOTA_METRICS_ADDR` for a heap
+//! profile while a query runs). Printed as markdown
 //! tables; `--svg FILE` also plots queries completed against the limit per pool.
 //!
 //! `--streams N`: N streams of the queries at once in one process at each limit (a
@@ -116,7 +120,8 @@ fn child(c: &Case) -> Result<()> {
             Arc::new(FairSpillPool::new(limit))
         }
         "memquota" | "memquota-replan" => {
-            memquota::init(memquota::Config::new().limit(c.limit)).expect("a valid limit");
+            memquota::init(memquota::Config::from_env().expect("valid MEMQUOTA_* variables").limit(c.limit))
+                .expect("a valid limit");
             let mut p = c.margin.map_or_else(MemquotaPool::new, MemquotaPool::with_margin);
             if let Some(w) = c.room_wait {
                 p = p.with_room_wait(Duration::from_secs_f64(w));
@@ -138,6 +143,7 @@ fn child(c: &Case) -> Result<()> {
         return streams(c, &runtime, &ctx, memquota_pool.as_deref());
     }
     let q = c.queries[0];
+    let watch = memquota_pool.clone().map(Unreserved::watch);
     let started = Instant::now();
     let out = runtime.block_on(run_one(&ctx, &c.pool, &queries::query(q, c.scale), &format!("TPC-H q{q}")));
     let wall = started.elapsed();
@@ -160,6 +166,11 @@ fn child(c: &Case) -> Result<()> {
     }
     println!("wall {}", wall.as_secs_f64());
     println!("rss {}", proc_status("VmHWM:"));
+    if let Some(w) = watch {
+        let (unreserved, tracked) = w.stop();
+        println!("unreserved {unreserved}");
+        println!("tracked {tracked}");
+    }
     if let Some(p) = memquota_pool {
         println!("retries {}", p.retries());
         println!("replans {}", p.stats().replans);
@@ -167,6 +178,40 @@ fn child(c: &Case) -> Result<()> {
         println!("refusals {}", p.refusals());
     }
     Ok(())
+}
+
+/// Read every millisecond while a query runs under `MemquotaPool`: the highest of what
+/// the process held past the pool's reservations (tracked native bytes less the bytes
+/// reserved) over what it held so before the query, which is what DataFusion allocated
+/// without reserving it at its peak; and the highest tracked native bytes.
+struct Unreserved {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, u64)>,
+}
+
+impl Unreserved {
+    fn watch(pool: Arc<MemquotaPool>) -> Unreserved {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let unreserved = move || memquota::process_account().native as i64 - pool.reserved() as i64;
+        let idle = unreserved();
+        let thread = std::thread::spawn(move || {
+            let (mut peak, mut tracked) = (idle, 0);
+            while !s.load(Relaxed) {
+                peak = peak.max(unreserved());
+                tracked = tracked.max(memquota::process_account().native);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            (u64::try_from(peak - idle).unwrap_or(0), tracked)
+        });
+        Unreserved { stop, thread }
+    }
+
+    /// The unreserved peak and the tracked peak.
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
 }
 
 /// One query under `pool`'s way of running it: plain, `run_query`, or `collect_query`.
@@ -299,6 +344,10 @@ struct Run {
     replans: u64,
     /// Joins the replans made sort-merge joins.
     replanned_joins: u64,
+    /// `MemquotaPool` only: the peak of what was allocated past the reservations, and
+    /// of the tracked native bytes.
+    unreserved: u64,
+    tracked: u64,
     /// With streams: each query run, and the pool's waits.
     results: Vec<StreamResult>,
     waits: u64,
@@ -511,6 +560,8 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
         retries: num("retries") as u64,
         replans: num("replans") as u64,
         replanned_joins: num("replanned-joins") as u64,
+        unreserved: num("unreserved") as u64,
+        tracked: num("tracked") as u64,
         results: stdout.lines().filter_map(|l| StreamResult::parse(l.strip_prefix("result ")?)).collect(),
         waits: num("waits") as u64,
         waits_with_room: num("waits-with-room") as u64,
@@ -817,7 +868,9 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     for (limit, by_pool) in limits.iter().zip(results) {
         let _ = writeln!(
             s,
-            "\nAt {}: peak RSS / L ((peak - idle RSS) / L), wall time, spills (s), replans (p, with the joins made sort-merge joins), retries (r); or why it failed\n",
+            "\nAt {}: peak RSS / L ((peak - idle RSS) / L), wall time, spills (s), replans (p, with the joins \
+             made sort-merge joins), retries (r); memquota only: peak tracked native bytes / L (t), MiB \
+             allocated past the reservations at their peak (u); or why it failed\n",
             limit.label()
         );
         let pools: Vec<&String> = by_pool.keys().collect();
@@ -853,6 +906,9 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
                     }
                     if r.replanned_joins > 0 {
                         let _ = write!(c, " ({} joins)", r.replanned_joins);
+                    }
+                    if r.tracked > 0 {
+                        let _ = write!(c, ", t {:.2}, u {}", r.tracked as f64 / *l as f64, mib(r.unreserved));
                     }
                     c
                 } else {
