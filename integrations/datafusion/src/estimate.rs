@@ -16,9 +16,11 @@
 //! A hash join holds its build side (its left input, collected) for as long as it
 //! probes, and it pulls its probe side only once built: so a join holds its build side
 //! together with whatever its probe side's joins hold, while its build side's own
-//! joins are finished before it probes. The estimate follows that: the largest of
-//! "building" and "built, plus the probe side's" for each join; other operators add
-//! up their inputs' (a union runs them together).
+//! joins are finished before it probes. Once built, and before it probes, it copies its
+//! batches into one (DataFusion's `concat_batches`, unreserved) and then drops them.
+//! The estimate follows that: the largest of "building", "built, plus the copy" and
+//! "built, plus the probe side's" for each join; other operators add up their inputs'
+//! (a union runs them together).
 
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::common::JoinType;
@@ -139,14 +141,19 @@ fn held(
         out.joins += 1;
         let building = held(join.left().as_ref(), stats, spilling, out)?;
         let probing = held(join.right().as_ref(), stats, spilling, out)?;
-        let built = match rows(join.left().as_ref(), stats)? {
-            Some(rows) => table_bytes(rows, &join.left().schema()),
+        let (built, copy) = match rows(join.left().as_ref(), stats)? {
+            Some(rows) => {
+                let schema = join.left().schema();
+                (table_bytes(rows, &schema), rows.saturating_mul(row_width(&schema)))
+            }
             None => {
                 out.unknown += 1;
-                0
+                (0, 0)
             }
         };
-        return Ok(building.max(built.saturating_add(probing)));
+        // Once collected, its batches are copied into one before they are dropped, and
+        // before the probe side starts.
+        return Ok(building.max(built.saturating_add(copy)).max(built.saturating_add(probing)));
     }
     let mut sum = 0u64;
     for child in plan.children() {
