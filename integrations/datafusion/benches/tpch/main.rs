@@ -99,7 +99,11 @@ struct Case {
 
 /// A figure of /proc/self/status, in bytes.
 fn proc_status(key: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    figure(&std::fs::read_to_string("/proc/self/status").unwrap_or_default(), key)
+}
+
+/// The figure `key` of a /proc status text, in bytes (0 if absent).
+fn figure(status: &str, key: &str) -> u64 {
     status
         .lines()
         .find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
@@ -139,11 +143,14 @@ fn child(c: &Case) -> Result<()> {
     let ctx = SessionContext::new_with_config_rt(config, rt.build_arc()?);
     data::register(&ctx, c.scale, c.partitions, c.stats)?;
     println!("idle {}", proc_status("VmRSS:"));
+    let (idle_anon, idle_file) = resident_split();
+    println!("idle-anon {idle_anon}");
+    println!("idle-file {idle_file}");
     if c.streams > 1 {
         return streams(c, &runtime, &ctx, memquota_pool.as_deref());
     }
     let q = c.queries[0];
-    let watch = memquota_pool.clone().map(Unreserved::watch);
+    let watch = Watch::start(memquota_pool.clone());
     let started = Instant::now();
     let out = runtime.block_on(run_one(&ctx, &c.pool, &queries::query(q, c.scale), &format!("TPC-H q{q}")));
     let wall = started.elapsed();
@@ -166,10 +173,12 @@ fn child(c: &Case) -> Result<()> {
     }
     println!("wall {}", wall.as_secs_f64());
     println!("rss {}", proc_status("VmHWM:"));
-    if let Some(w) = watch {
-        let (unreserved, tracked) = w.stop();
-        println!("unreserved {unreserved}");
-        println!("tracked {tracked}");
+    let peaks = watch.stop();
+    println!("anon {}", peaks.anon);
+    println!("file {}", peaks.file);
+    if memquota_pool.is_some() {
+        println!("unreserved {}", peaks.unreserved);
+        println!("tracked {}", peaks.tracked);
     }
     if let Some(p) = memquota_pool {
         println!("retries {}", p.retries());
@@ -180,35 +189,62 @@ fn child(c: &Case) -> Result<()> {
     Ok(())
 }
 
-/// Read every millisecond while a query runs under `MemquotaPool`: the highest of what
-/// the process held past the pool's reservations (tracked native bytes less the bytes
-/// reserved) over what it held so before the query, which is what DataFusion allocated
-/// without reserving it at its peak; and the highest tracked native bytes.
-struct Unreserved {
+/// Read every millisecond while a query runs: the peaks of the process's anonymous
+/// and file-backed resident bytes (`/proc/self/status`: VmHWM says only their sum, and
+/// the file-backed part is the binary's code, paged in as the query first runs it);
+/// under `MemquotaPool` also the highest of what the process held past the pool's
+/// reservations (tracked native bytes less the bytes reserved) over what it held so
+/// before the query, which is what DataFusion allocated without reserving it at its
+/// peak, and the highest tracked native bytes.
+struct Watch {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<(u64, u64)>,
+    thread: std::thread::JoinHandle<Peaks>,
 }
 
-impl Unreserved {
-    fn watch(pool: Arc<MemquotaPool>) -> Unreserved {
+/// What a [`Watch`] saw, in bytes.
+#[derive(Default)]
+struct Peaks {
+    anon: u64,
+    file: u64,
+    unreserved: u64,
+    tracked: u64,
+}
+
+/// The process's anonymous and file-backed resident bytes (shared memory counts as
+/// file-backed).
+fn resident_split() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    (figure(&status, "RssAnon:"), figure(&status, "RssFile:") + figure(&status, "RssShmem:"))
+}
+
+impl Watch {
+    fn start(pool: Option<Arc<MemquotaPool>>) -> Watch {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s = Arc::clone(&stop);
-        let unreserved = move || memquota::process_account().native as i64 - pool.reserved() as i64;
+        let unreserved =
+            move || pool.as_ref().map(|p| memquota::process_account().native as i64 - p.reserved() as i64);
         let idle = unreserved();
         let thread = std::thread::spawn(move || {
-            let (mut peak, mut tracked) = (idle, 0);
+            let mut peaks = Peaks::default();
+            let mut peak_unreserved = idle;
             while !s.load(Relaxed) {
-                peak = peak.max(unreserved());
-                tracked = tracked.max(memquota::process_account().native);
+                let (anon, file) = resident_split();
+                peaks.anon = peaks.anon.max(anon);
+                peaks.file = peaks.file.max(file);
+                peak_unreserved = peak_unreserved.max(unreserved());
+                if idle.is_some() {
+                    peaks.tracked = peaks.tracked.max(memquota::process_account().native);
+                }
                 std::thread::sleep(Duration::from_millis(1));
             }
-            (u64::try_from(peak - idle).unwrap_or(0), tracked)
+            peaks.unreserved =
+                peak_unreserved.zip(idle).map_or(0, |(p, i)| u64::try_from(p - i).unwrap_or(0));
+            peaks
         });
-        Unreserved { stop, thread }
+        Watch { stop, thread }
     }
 
-    /// The unreserved peak and the tracked peak.
-    fn stop(self) -> (u64, u64) {
+    fn stop(self) -> Peaks {
         self.stop.store(true, Relaxed);
         self.thread.join().unwrap_or_default()
     }
@@ -338,6 +374,12 @@ struct Run {
     rows: u64,
     rss: u64,
     idle: u64,
+    /// The peaks of the anonymous and of the file-backed resident bytes, and their
+    /// values in the idle runtime.
+    anon: u64,
+    file: u64,
+    idle_anon: u64,
+    idle_file: u64,
     wall: f64,
     spills: u64,
     retries: u64,
@@ -555,6 +597,10 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
         rows: num("rows") as u64,
         rss: num("rss") as u64,
         idle: num("idle") as u64,
+        anon: num("anon") as u64,
+        file: num("file") as u64,
+        idle_anon: num("idle-anon") as u64,
+        idle_file: num("idle-file") as u64,
         wall: num("wall"),
         spills: num("spills") as u64,
         retries: num("retries") as u64,
@@ -868,8 +914,10 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     for (limit, by_pool) in limits.iter().zip(results) {
         let _ = writeln!(
             s,
-            "\nAt {}: peak RSS / L ((peak - idle RSS) / L), wall time, spills (s), replans (p, with the joins \
-             made sort-merge joins), retries (r); memquota only: peak tracked native bytes / L (t), MiB \
+            "\nAt {}: peak RSS / L ((peak - idle RSS) / L), wall time, the anonymous resident bytes' peak \
+             over their idle value / L (a), MiB of code and other file-backed pages paged in past the idle \
+             runtime's (f), spills (s), replans (p, with the joins made sort-merge joins), retries (r); \
+             memquota only: peak tracked native bytes / L (t), MiB \
              allocated past the reservations at their peak (u); or why it failed\n",
             limit.label()
         );
@@ -899,6 +947,14 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
                         r.rss.saturating_sub(r.idle) as f64 / *l as f64,
                         r.wall
                     );
+                    if r.anon > 0 {
+                        let _ = write!(
+                            c,
+                            ", a {:.2}, f {}",
+                            r.anon.saturating_sub(r.idle_anon) as f64 / *l as f64,
+                            mib(r.file.saturating_sub(r.idle_file))
+                        );
+                    }
                     for (n, tag) in [(r.spills, "s"), (r.replans, "p"), (r.retries, "r")] {
                         if n > 0 {
                             let _ = write!(c, ", {n}{tag}");
