@@ -13,7 +13,9 @@
 //! * a fork child, which has no purge service, gets jemalloc's own decay back;
 //! * far from the limit, freed pages go back to the system after the purge interval;
 //! * between the soft threshold and the limit dirty pages stay for reuse, and past
-//!   the limit only the fullest arenas are purged, for the excess.
+//!   the limit only the fullest arenas are purged, for the excess;
+//! * a block granted but not yet written (counted, not yet resident) does not hide
+//!   the dirty pages: they go before its pages are written.
 
 mod support;
 
@@ -49,6 +51,11 @@ fn main() {
             (
                 "dirty_pages_use_the_room_under_the_limit_and_only_the_excess_goes",
                 dirty_pages_use_the_room_under_the_limit,
+                &[],
+            ),
+            (
+                "a_block_not_yet_written_does_not_hide_the_dirty_pages",
+                a_block_not_yet_written_does_not_hide_the_dirty_pages,
                 &[],
             ),
         ],
@@ -347,4 +354,42 @@ fn dirty_pages_use_the_room_under_the_limit() {
     assert_eq!(left_small, small_dirty, "the other arena's pages went too");
     assert!(view(&s) <= LIMIT, "past the limit after the purge: {}", Size(view(&s)));
     drop((held, more));
+}
+
+fn a_block_not_yet_written_does_not_hide_the_dirty_pages() {
+    const LIMIT: u64 = 512 * MIB; // dirty floor 2 MiB
+    memquota::init(Config::new().limit(LIMIT)).unwrap();
+    let (arena, _lives) = dirty_in_a_new_arena(160 * MIB);
+    let dirty = arena_dirty(arena);
+    sampler_passes(3);
+    let s = memquota::stats();
+    assert!(view(&s) < LIMIT * 85 / 100, "the check's premise: {}", Size(view(&s)));
+    // A block that takes native and the dirty pages past the limit, its pages not
+    // written: counted at once, resident only once written.
+    let block: Vec<u8> = Vec::with_capacity((LIMIT - 100 * MIB) as usize);
+    let granted = memquota::stats();
+    let anon = memquota::seam::process::anon_rss();
+    println!(
+        "  granted: native {}, anonymous RSS {} (dirty {} in the arena), jemalloc dirty {}",
+        Size(granted.native),
+        Size(anon),
+        Size(dirty),
+        Size(granted.jemalloc.dirty)
+    );
+    assert!(anon < granted.native, "the check's premise: the block's pages are not resident");
+    assert!(granted.native + dirty > LIMIT, "the check's premise: native + the dirty pages pass the limit");
+    sampler_passes(3);
+    let s = memquota::stats();
+    let left = arena_dirty(arena);
+    println!(
+        "  {} passes later: purges {} budget for {}; dirty left in the arena {} of {}",
+        3,
+        s.purges_budget,
+        Size(s.purged_bytes),
+        Size(left),
+        Size(dirty)
+    );
+    assert!(s.purges_budget >= 1, "the dirty pages stayed next to the block about to be written");
+    assert!(left < MIB, "the arena's dirty pages stayed: {}", Size(left));
+    drop(block);
 }

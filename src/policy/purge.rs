@@ -175,9 +175,9 @@ fn uncounted(je: &JemallocStats, native: i64, outside: i64, before: u64) -> (u64
 /// pages leave only by a purge, after which `before` is measured anew, or by reuse,
 /// which lowers `dirty`. jemalloc's `dirty` alone would not do: it counts the
 /// untouched pages of its extents too (the "Purging" section of docs/design.md).
-/// Read the kernel's count only, TPC-H query 18 at 256 MiB went 0.04 L past the limit
-/// in anonymous memory (docs/benchmarks.md, "The purge service's view after a large
-/// grant"). Pure.
+/// Read the kernel's count only, TPC-H query 18 at 256 MiB went 0.05 L past the limit
+/// in anonymous memory (the median of 5 runs; docs/benchmarks.md, "Peak RSS: the
+/// anonymous part and the code pages"). Pure.
 fn still_resident(now: u64, before: u64, dirty: u64) -> u64 {
     now.max(before.min(dirty))
 }
