@@ -17,6 +17,9 @@ mod workload;
 #[path = "shared/either.rs"]
 mod either;
 
+#[path = "shared/idle.rs"]
+mod idle;
+
 use memquota_datafusion::datafusion::execution::memory_pool::{FairSpillPool, MemoryPool};
 use memquota_datafusion::{run_query, MemquotaPool};
 use std::process::Command;
@@ -54,7 +57,7 @@ fn child(pool: &str, limit_mib: u64) -> memquota_datafusion::datafusion::error::
     // The idle runtime once warm: DataFusion's code paged in by the run, its memory
     // freed and purged.
     drop(ctx);
-    println!("warm {}", workload::idle_rss());
+    println!("warm {}", idle::idle_rss());
     println!("idle {idle}");
     println!("rss {}", s.process_rss_peak);
     println!("wall {}", out.elapsed.as_secs_f64());

@@ -11,9 +11,12 @@
 //! `QuotaAlloc`, its queries run with `run_query` (`memquota`) or with
 //! `collect_query`, which plans again when a join cannot fit (`memquota-replan`).
 //!
-//! Per query and configuration: completed or why not, peak RSS / L, wall time,
-//! spills, and the replans and retries `collect_query` made; under `MemquotaPool` also
-//! the peak of the tracked native bytes and of what DataFusion allocated past its
+//! Per query and configuration: completed or why not, peak RSS / L, its part over the
+//! idle runtime's RSS, cold (the session built, before the query) and warm (after the
+//! query, its memory freed and purged: DataFusion's code is paged in by then), the
+//! peaks of the anonymous and of the file-backed resident bytes, wall time, spills,
+//! and the replans and retries `collect_query` made; under `MemquotaPool` also the
+//! peak of the tracked native bytes and of what DataFusion allocated past its
 //! reservations (read every millisecond). The `MEMQUOTA_*` variables apply to the
 //! `MemquotaPool` runs (`MEMQUOTA_PROFILE_SAMPLE`, `MEMQUOTA_METRICS_ADDR` for a heap
 //! profile while a query runs). Printed as markdown
@@ -30,6 +33,8 @@ mod counted;
 mod data;
 #[path = "../shared/either.rs"]
 mod either;
+#[path = "../shared/idle.rs"]
+mod idle;
 #[path = "queries.rs"]
 mod queries;
 #[path = "svg.rs"]
@@ -174,6 +179,9 @@ fn child(c: &Case) -> Result<()> {
     println!("wall {}", wall.as_secs_f64());
     println!("rss {}", proc_status("VmHWM:"));
     let peaks = watch.stop();
+    // The idle runtime once warm: the session as before the query, DataFusion's code
+    // paged in by the run, the query's memory freed and purged (as `benches/query.rs`).
+    println!("warm {}", idle::idle_rss());
     println!("anon {}", peaks.anon);
     println!("file {}", peaks.file);
     if memquota_pool.is_some() {
@@ -374,6 +382,8 @@ struct Run {
     rows: u64,
     rss: u64,
     idle: u64,
+    /// The idle runtime's RSS once warm: after the query, its memory freed and purged.
+    warm: u64,
     /// The peaks of the anonymous and of the file-backed resident bytes, and their
     /// values in the idle runtime.
     anon: u64,
@@ -597,6 +607,7 @@ fn run(o: &Options, pool: &str, limit: u64, queries: &[usize], streams: usize) -
         rows: num("rows") as u64,
         rss: num("rss") as u64,
         idle: num("idle") as u64,
+        warm: num("warm") as u64,
         anon: num("anon") as u64,
         file: num("file") as u64,
         idle_anon: num("idle-anon") as u64,
@@ -888,19 +899,21 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     );
     let _ = writeln!(
         s,
-        "| limit | pool | completed | worst peak RSS / L | worst (peak - idle RSS) / L | wall of those completed | spills | replans | retries |"
+        "| limit | pool | completed | worst peak RSS / L | worst (peak - idle RSS) / L | worst (peak - warm idle RSS) / L | wall of those completed | spills | replans | retries |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
     for (limit, by_pool) in limits.iter().zip(results) {
         for (pool, by_query) in by_pool {
             let ok: Vec<&(u64, Run)> = by_query.values().filter(|(_, r)| r.ok).collect();
             let worst = ok.iter().map(|(l, r)| r.rss as f64 / *l as f64).fold(0.0, f64::max);
-            let worst_over_idle =
-                ok.iter().map(|(l, r)| r.rss.saturating_sub(r.idle) as f64 / *l as f64).fold(0.0, f64::max);
+            let worst_over = |idle: &dyn Fn(&Run) -> u64| {
+                ok.iter().map(|(l, r)| r.rss.saturating_sub(idle(r)) as f64 / *l as f64).fold(0.0, f64::max)
+            };
+            let (worst_over_idle, worst_over_warm) = (worst_over(&|r| r.idle), worst_over(&|r| r.warm));
             let sum = |f: &dyn Fn(&Run) -> u64| by_query.values().map(|(_, r)| f(r)).sum::<u64>();
             let _ = writeln!(
                 s,
-                "| {} | {pool} | {} of {} | {worst:.2} | {worst_over_idle:.2} | {:.1} s | {} | {} | {} |",
+                "| {} | {pool} | {} of {} | {worst:.2} | {worst_over_idle:.2} | {worst_over_warm:.2} | {:.1} s | {} | {} | {} |",
                 limit.label(),
                 ok.len(),
                 by_query.len(),
@@ -914,7 +927,7 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
     for (limit, by_pool) in limits.iter().zip(results) {
         let _ = writeln!(
             s,
-            "\nAt {}: peak RSS / L ((peak - idle RSS) / L), wall time, the anonymous resident bytes' peak \
+            "\nAt {}: peak RSS / L ((peak - idle RSS) / L; w: (peak - warm idle RSS) / L), wall time, the anonymous resident bytes' peak \
              over their idle value / L (a), MiB of code and other file-backed pages paged in past the idle \
              runtime's (f), spills (s), replans (p, with the joins made sort-merge joins), retries (r); \
              memquota only: peak tracked native bytes / L (t), MiB \
@@ -942,9 +955,10 @@ fn report(o: &Options, limits: &[Limit], unbounded: &BTreeMap<usize, Run>, resul
                 let (l, r) = &by_pool[*p][q];
                 let cell = if r.ok {
                     let mut c = format!(
-                        "{:.2} L ({:.2}), {:.1} s",
+                        "{:.2} L ({:.2}; w {:.2}), {:.1} s",
                         r.rss as f64 / *l as f64,
                         r.rss.saturating_sub(r.idle) as f64 / *l as f64,
+                        r.rss.saturating_sub(r.warm) as f64 / *l as f64,
                         r.wall
                     );
                     if r.anon > 0 {

@@ -5,6 +5,9 @@
 
 mod workload;
 
+#[path = "../../benches/shared/idle.rs"]
+mod idle;
+
 use memquota_datafusion::datafusion::error::Result;
 use memquota_datafusion::{MemquotaPool, QueryScope};
 use std::process::ExitCode;
@@ -100,7 +103,7 @@ fn run(rows: u64) -> Result<()> {
     let outcome = outcome?;
     let s = memquota::stats();
     drop(ctx);
-    let warm = workload::idle_rss();
+    let warm = idle::idle_rss();
     println!("{:>8} {:>4} {:>16} top", "k", "n", "total");
     for r in &outcome.rows {
         println!("{:>8} {:>4} {:>16} {}", r.k, r.n, r.total, r.top);
