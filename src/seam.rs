@@ -58,19 +58,22 @@ pub mod process {
     };
     pub use crate::base::host::{anon_rss, memory_limit, object_of, process_rss, running_since};
     pub use crate::base::quota::threshold_for;
-    pub(crate) use crate::base::settings::set_background_interval;
     pub use crate::base::settings::{set_window_hook, Window};
     pub use crate::ledger::threads::spawn_service;
     pub use crate::policy::profile::skips_function as profile_skips_function;
     pub use crate::policy::purge::added_jemalloc_options;
     pub(crate) use crate::policy::sampler::ensure_sampling;
     pub use crate::policy::sampler::sample_now as sample_untracked;
-    pub(crate) use crate::policy::snapshot::native_and_outside;
     pub use crate::process::control::adopt;
-    pub(crate) use crate::process::fork::{
-        add_face_handlers, install as install_fork_handlers, FaceHandlers,
+    pub(crate) use crate::process::fork::install as install_fork_handlers;
+    // The JVM driver's alone (`faces/jvm.rs`, the `jvm` feature).
+    #[cfg(feature = "jvm")]
+    pub(crate) use crate::{
+        base::settings::set_background_interval,
+        policy::snapshot::native_and_outside,
+        process::fork::{add_face_handlers, FaceHandlers},
+        process::rendezvous::check as check_second_budget,
     };
-    pub(crate) use crate::process::rendezvous::check as check_second_budget;
 }
 
 /// Text without a heap (stderr, file descriptors, byte counts), the exit summary's
@@ -82,7 +85,9 @@ pub mod text {
     pub use crate::process::export::{metric, StatsWriter};
 }
 
-/// The sync primitives, for the faces inside this crate (so that loom can replace them).
+/// The sync primitives, for the faces inside this crate (so that loom can replace
+/// them): the JVM driver's.
+#[cfg(feature = "jvm")]
 pub(crate) mod sync {
     pub(crate) use crate::base::sync::*;
 }
