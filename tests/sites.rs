@@ -40,6 +40,7 @@ fn main() {
             ),
             ("a_refusal_leaves_a_flight_record", a_refusal_leaves_a_flight_record, FINE),
             ("the_profile_is_on_by_default", the_profile_is_on_by_default, &[]),
+            ("a_refusal_on_a_thread_with_a_128_kib_stack_writes_its_report", a_refusal_on_a_small_stack, &[]),
             ("the_rust_faces_entry_points_are_learned", the_rust_faces_entry_points_are_learned, &[]),
             (
                 "a_small_block_sites_stack_starts_in_its_function",
@@ -175,6 +176,17 @@ fn the_profile_is_on_by_default() {
     assert!(!sites.is_empty() && named(&sites[0], "big_site"), "the first site is big_site:\n{report}");
     let bytes = sites[0].bytes;
     assert!((24 * MIB..=72 * MIB).contains(&bytes), "big_site's 48 MiB within 50%: {bytes}\n{report}");
+}
+
+/// The refusal's report, its sites read from the profile, is written on the refused
+/// thread's stack: 56-64 KiB of it here (a thread with 56 KiB overflows, with 64 KiB
+/// completes; most of it the dump reader's fixed storage and the report's buffer).
+/// 128 KiB is musl's default thread stack: the report fits, with room to spare.
+fn a_refusal_on_a_small_stack() {
+    let thread = std::thread::Builder::new().stack_size(128 << 10).spawn(refused_report).unwrap();
+    let report = thread.join().expect("the refused thread ran to its end");
+    let sites = sites(&report);
+    assert!(!sites.is_empty() && named(&sites[0], "big_site"), "the first site is big_site:\n{report}");
 }
 
 /// 64-byte blocks from one function, held: small blocks, which the Rust face takes on
