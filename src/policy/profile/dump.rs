@@ -210,9 +210,11 @@ impl Sites {
 
     /// As [`read`](Sites::read), keeping the sites of scope `only` (as
     /// `ledger::tables::tags::decode` gives it) whatever its rank among the scopes.
+    /// The reading's storage is mapped for it ([`Scratch`]), not on this stack.
     pub fn read_for(only: Option<u16>) -> Option<Sites> {
-        let mut top = Top::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), only);
-        dump(&mut top).then_some(top.sites)
+        let mut scratch = Scratch::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), only)?;
+        let reading = scratch.reading();
+        dump(&mut reading.top, &mut reading.buf).then_some(reading.top.sites)
     }
 }
 
@@ -256,11 +258,14 @@ pub(super) trait Visit {
     fn records_done(&mut self) {}
 }
 
-/// Dumps the live profile (`prof.dump`) into a memfd and reads it into `v`. False
-/// when the profile is off or cannot be dumped. Allocates nothing through the
-/// counted paths: jemalloc's bookkeeping of the dump uses its internal arena, and
-/// the reading is in a fixed buffer on the stack.
-pub(super) fn dump(v: &mut impl Visit) -> bool {
+/// The read buffer's size: a dump's lines are read through it.
+pub(super) const READ_BUF: usize = 8192;
+
+/// Dumps the live profile (`prof.dump`) into a memfd and reads it into `v` through
+/// `buf`. False when the profile is off or cannot be dumped. Allocates nothing
+/// through the counted paths: jemalloc's bookkeeping of the dump uses its internal
+/// arena, and the reading is in the caller's fixed storage.
+pub(super) fn dump(v: &mut impl Visit, buf: &mut [u8; READ_BUF]) -> bool {
     if !super::enabled() {
         return false;
     }
@@ -276,7 +281,7 @@ pub(super) fn dump(v: &mut impl Visit) -> bool {
     // SAFETY: `prof.dump` takes a `const char *`, here a NUL-terminated path (the
     // buffer's last byte stays 0) that outlives the call.
     let dumped = unsafe { tikv_jemalloc_ctl::raw::write(b"prof.dump\0", name) }.is_ok();
-    let read = dumped && read_fd(fd, v);
+    let read = dumped && read_fd(fd, v, buf);
     // SAFETY: our own descriptor, closed once.
     unsafe { libc::close(fd) };
     read
@@ -287,13 +292,13 @@ pub(super) fn dump(v: &mut impl Visit) -> bool {
 #[cfg(test)]
 fn parse_fd(fd: c_int, rate: u64, only: Option<u16>) -> Option<Sites> {
     let mut top = Top::new(rate, only);
-    read_fd(fd, &mut top).then_some(top.sites)
+    read_fd(fd, &mut top, &mut [0; READ_BUF]).then_some(top.sites)
 }
 
-/// Reads a heap_v2 dump from `fd` (from its start) line by line into `v`.
-pub(super) fn read_fd(fd: c_int, v: &mut impl Visit) -> bool {
+/// Reads a heap_v2 dump from `fd` (from its start) line by line into `v`, through
+/// `buf`.
+pub(super) fn read_fd(fd: c_int, v: &mut impl Visit, buf: &mut [u8; READ_BUF]) -> bool {
     let mut lines = Lines { v, stack: [0; STACK], depth: 0, in_stack: false, maps: false, skip_rest: false };
-    let mut buf = [0u8; 8192];
     let mut have = 0usize;
     let mut offset: i64 = 0;
     loop {
@@ -536,24 +541,97 @@ impl Visit for Top {
     }
 }
 
-impl Top {
-    fn new(rate: u64, only: Option<u16>) -> Top {
-        let mut sites = Sites::new();
-        sites.rate = rate;
-        Top {
-            sites,
-            pooled: [Site::default(); POOL],
-            pool_len: 0,
-            scoped: [(0, Site::EMPTY); SCOPED_POOL],
-            scoped_len: 0,
-            totals: [(0, 0, 0); SCOPE_TOTALS],
-            totals_len: 0,
-            only,
-            rate,
-            base_path: [0; PATH],
-            base_len: 0,
-            base: 0,
+/// One read's storage: the top sites being gathered and the read buffer, 23 KB.
+struct Reading {
+    top: Top,
+    buf: [u8; READ_BUF],
+}
+
+/// A [`Reading`] in pages mapped for one read and unmapped after it. On the stack it
+/// stood on the thread that reads: for a refusal's report the refused thread, which
+/// then needed 56-64 KiB of stack to report (`tests/sites.rs`). A mapping takes no
+/// lock and no allocator: any thread may read at any time, a fork child included.
+struct Scratch {
+    reading: std::ptr::NonNull<Reading>,
+}
+
+impl Scratch {
+    const LEN: usize = std::mem::size_of::<Reading>();
+
+    /// A mapped [`Reading`], started at `rate` and `only`; None if the pages cannot
+    /// be mapped.
+    fn new(rate: u64, only: Option<u16>) -> Option<Scratch> {
+        // SAFETY: a private anonymous mapping at an address the kernel chooses; no
+        // file, no memory of ours involved.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Scratch::LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
         }
+        let reading = std::ptr::NonNull::new(p.cast::<Reading>())?;
+        let r = reading.as_ptr();
+        // SAFETY: `r` is page-aligned (so aligned for `Reading`) and `LEN` bytes are
+        // mapped, ours alone. `top` is written whole from a constant before anything
+        // reads it; `buf`'s bytes are the mapping's zeros, valid `u8`s.
+        unsafe {
+            std::ptr::addr_of_mut!((*r).top).write(Top::EMPTY);
+            (*r).top.start(rate, only);
+        }
+        Some(Scratch { reading })
+    }
+
+    fn reading(&mut self) -> &mut Reading {
+        // SAFETY: initialized in `new`, mapped until `drop`, borrowed through
+        // `&mut self` only.
+        unsafe { self.reading.as_mut() }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `new` made, unmapped once; `Reading` holds nothing to
+        // drop.
+        unsafe { libc::munmap(self.reading.as_ptr().cast(), Scratch::LEN) };
+    }
+}
+
+impl Top {
+    /// Nothing read yet, at no rate.
+    const EMPTY: Top = Top {
+        sites: Sites::new(),
+        pooled: [Site::EMPTY; POOL],
+        pool_len: 0,
+        scoped: [(0, Site::EMPTY); SCOPED_POOL],
+        scoped_len: 0,
+        totals: [(0, 0, 0); SCOPE_TOTALS],
+        totals_len: 0,
+        only: None,
+        rate: 0,
+        base_path: [0; PATH],
+        base_len: 0,
+        base: 0,
+    };
+
+    #[cfg(test)]
+    fn new(rate: u64, only: Option<u16>) -> Top {
+        let mut top = Top::EMPTY;
+        top.start(rate, only);
+        top
+    }
+
+    /// Sets the rate and the scope kept whatever its rank, before a read.
+    fn start(&mut self, rate: u64, only: Option<u16>) {
+        self.sites.rate = rate;
+        self.rate = rate;
+        self.only = only;
     }
 
     /// Adds a record to the pool of sites ([`same_site`] merges two). When the pool is
@@ -812,7 +890,7 @@ mod tests {
         // SAFETY: writes the bytes of `dump` to our own descriptor.
         assert_eq!(unsafe { libc::write(fd, dump.as_ptr().cast(), dump.len()) }, dump.len() as isize);
         let mut seen = Seen::default();
-        assert!(read_fd(fd, &mut seen));
+        assert!(read_fd(fd, &mut seen, &mut [0; READ_BUF]));
         // SAFETY: our own descriptor, closed once.
         unsafe { libc::close(fd) };
         assert_eq!(seen.0, 16384);

@@ -28,7 +28,7 @@ const TAG_BELOW: u64 = 4096;
 pub fn heap_profile() -> Option<Vec<u8>> {
     let mut records =
         Records { rate: super::RATE.load(crate::base::sync::Ordering::Relaxed), ..Records::default() };
-    if !dump::dump(&mut records) {
+    if !dump::dump(&mut records, &mut [0; dump::READ_BUF]) {
         return None;
     }
     let accum = super::ctl_read::<bool>(b"opt.prof_accum\0") == Some(true);
