@@ -40,7 +40,7 @@ fn main() {
             ),
             ("a_refusal_leaves_a_flight_record", a_refusal_leaves_a_flight_record, FINE),
             ("the_profile_is_on_by_default", the_profile_is_on_by_default, &[]),
-            ("a_refusal_on_a_thread_with_a_64_kib_stack_writes_its_report", a_refusal_on_a_small_stack, &[]),
+            ("a_refusal_on_a_thread_with_a_48_kib_stack_writes_its_report", a_refusal_on_a_small_stack, &[]),
             ("the_rust_faces_entry_points_are_learned", the_rust_faces_entry_points_are_learned, &[]),
             (
                 "a_small_block_sites_stack_starts_in_its_function",
@@ -179,13 +179,14 @@ fn the_profile_is_on_by_default() {
 }
 
 /// The refusal's report, its sites read from the profile, is written on the refused
-/// thread's stack: 36-40 KiB of it in a small program (a thread with 36 KiB
-/// overflows, in jemalloc's dump; one with 40 KiB completes). The dump reader's
-/// storage is mapped, not on the stack (`profile::dump::Scratch`): with it there, a
-/// thread needed 56-64 KiB, and this test failed. 64 KiB leaves a program's own
-/// frames some room; musl's default thread stack is 128 KiB.
+/// thread's stack: 24-28 KiB of it in a small program (a thread with 24 KiB
+/// overflows, one with 28 KiB completes). The dump reader's storage is mapped, not
+/// on the stack (`profile::dump::Scratch`), and the sites read go straight into the
+/// slot `last_report_sites` reads: with both on the stack, a thread needed
+/// 56-64 KiB, and this test failed. 48 KiB leaves a program's own frames some room;
+/// musl's default thread stack is 128 KiB.
 fn a_refusal_on_a_small_stack() {
-    let thread = std::thread::Builder::new().stack_size(64 << 10).spawn(refused_report).unwrap();
+    let thread = std::thread::Builder::new().stack_size(48 << 10).spawn(refused_report).unwrap();
     let report = thread.join().expect("the refused thread ran to its end");
     let sites = sites(&report);
     assert!(!sites.is_empty() && named(&sites[0], "big_site"), "the first site is big_site:\n{report}");

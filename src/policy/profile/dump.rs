@@ -208,6 +208,22 @@ impl Sites {
         Sites::read_for(None)
     }
 
+    /// As [`read`](Sites::read), into `out`, which keeps what it held when the
+    /// profile cannot be read (false then). Copies from the mapped reading straight
+    /// into `out`: no copy of the sites on this stack.
+    pub fn read_into(out: &mut Sites) -> bool {
+        let Some(mut scratch) = Scratch::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), None)
+        else {
+            return false;
+        };
+        let reading = scratch.reading();
+        let read = dump(&mut reading.top, &mut reading.buf);
+        if read {
+            *out = reading.top.sites;
+        }
+        read
+    }
+
     /// As [`read`](Sites::read), keeping the sites of scope `only` (as
     /// `ledger::tables::tags::decode` gives it) whatever its rank among the scopes.
     /// The reading's storage is mapped for it ([`Scratch`]), not on this stack.
