@@ -351,7 +351,7 @@ fn write_report(w: &mut impl Write, r: &Refusal) -> fmt::Result {
     // refused thread's: 5.5 KB). The slot's lock is held while the figures take the
     // tables' and the scopes' locks: the fork handler takes them in that order too.
     let mut last = lock(&LAST_SITES);
-    let read = Sites::read_into(&mut last);
+    let read = Sites::read_into(None, &mut last);
     let sites = read.then_some(&*last);
     write_figures(w, r, sites)?;
     match r.policy {

@@ -208,11 +208,19 @@ impl Sites {
         Sites::read_for(None)
     }
 
-    /// As [`read`](Sites::read), into `out`, which keeps what it held when the
-    /// profile cannot be read (false then). Copies from the mapped reading straight
-    /// into `out`: no copy of the sites on this stack.
-    pub fn read_into(out: &mut Sites) -> bool {
-        let Some(mut scratch) = Scratch::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), None)
+    /// As [`read`](Sites::read), keeping the sites of scope `only` (as
+    /// `ledger::tables::tags::decode` gives it) whatever its rank among the scopes.
+    pub fn read_for(only: Option<u16>) -> Option<Sites> {
+        let mut sites = Sites::new();
+        Sites::read_into(only, &mut sites).then_some(sites)
+    }
+
+    /// As [`read_for`](Sites::read_for), into `out`, which keeps what it held when
+    /// the profile cannot be read (false then). The reading's storage is mapped for
+    /// it ([`Scratch`]), and the sites go from there straight into `out`: no copy of
+    /// them on this stack.
+    pub fn read_into(only: Option<u16>, out: &mut Sites) -> bool {
+        let Some(mut scratch) = Scratch::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), only)
         else {
             return false;
         };
@@ -222,15 +230,6 @@ impl Sites {
             *out = reading.top.sites;
         }
         read
-    }
-
-    /// As [`read`](Sites::read), keeping the sites of scope `only` (as
-    /// `ledger::tables::tags::decode` gives it) whatever its rank among the scopes.
-    /// The reading's storage is mapped for it ([`Scratch`]), not on this stack.
-    pub fn read_for(only: Option<u16>) -> Option<Sites> {
-        let mut scratch = Scratch::new(super::RATE.load(crate::base::sync::Ordering::Relaxed), only)?;
-        let reading = scratch.reading();
-        dump(&mut reading.top, &mut reading.buf).then_some(reading.top.sites)
     }
 }
 
