@@ -444,7 +444,11 @@ fn a_build_side_leaves_room_for_the_copy_datafusion_makes_of_it(_: &[Row]) {
     assert!(message.contains("for the copy this build side makes"), "{message}");
     let max = (0..COPY_JOIN_ROWS).map(workload::value).max().unwrap_or_default();
     assert_eq!(seen.one("retried-label"), workload::label(max), "{}", seen.text);
-    assert_eq!(seen.num("retried-retries"), 1, "run again by sort-merge joins\n{}", seen.text);
+    // Run again by sort-merge joins; in 1 CI run of about 8 that plan was refused too
+    // and the ladder's next step (smaller batches) completed it: at most the 2 retries
+    // `collect_query` allows, never a failure.
+    let retries = seen.num("retried-retries");
+    assert!((1..=2).contains(&retries), "run again by a spilling plan, {retries} retries\n{}", seen.text);
     let (peak, bound) = (seen.num("native-peak"), seen.num("error-bound"));
     assert!(peak <= 128 * MIB + bound, "tracked peak {peak}\n{}", seen.text);
 }
